@@ -64,7 +64,7 @@ def _record(layout: RunLayout, iteration: int, metrics: dict[str, float], states
     tracking.log_metrics(config.mlflow_uri, run_id, metrics, step=iteration)
     summary = layout.iter_dir(iteration) / "summary.json"
     summary.write_text(json.dumps({"iteration": iteration, **metrics}, indent=2, sort_keys=True))
-    views = reports.write_reports(layout, iteration, states)
+    views = reports.write_reports(layout, iteration, states, config.algo.band)
     tracking.log_artifacts(config.mlflow_uri, run_id, [summary, *views], f"iter_{iteration:04d}")
-    tracking.log_artifacts(config.mlflow_uri, run_id, [views[0]], None)  # the latest curves on the run's front page
+    tracking.log_artifacts(config.mlflow_uri, run_id, views[:2], None)  # the latest curves and tasks plot on the run's front page
     layout.iteration_done(iteration).write_text("done\n")

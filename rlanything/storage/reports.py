@@ -5,6 +5,9 @@ The UI lists Parquet files but cannot preview them (stack.md), so each iteration
   curves.png     the run's metrics over iterations so far (accuracy, mean outcome, RM agreement
                  and parse rate, losses, KL, task adaptation decisions, step wall times)
   iteration.png  this iteration: accuracy per task, advantages, RM verdicts vs outcomes, lengths
+  tasks.png      task adaptation so far: each buffer slot's accuracy over iterations (a new
+                 marker where an accepted rewrite replaced the slot's version, pending
+                 rewrites hollow) and the cumulative count of accepted tasks
   summary.md     headline metrics against the previous iteration, step states (Cached = resumed
                  from Prefect's persisted result), adaptation decisions, every metric
   samples.md     a few trajectories: task, prompt, response, action, observation, judgments
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -127,6 +131,80 @@ def plot_iteration(layout: RunLayout, iteration: int, out: Path) -> Path:
     return out
 
 
+def adaptation_history(layout: RunLayout, upto: int) -> pd.DataFrame:
+    """adaptation.parquet of iterations 0..upto stacked, with an `iteration` column."""
+    frames = []
+    for iteration in range(upto + 1):
+        path = layout.artifact(iteration, "adaptation")
+        if path.exists():
+            frames.append(read_table(path, ADAPTATION).assign(iteration=iteration))
+    if not frames:
+        return pd.DataFrame(columns=[f.name for f in ADAPTATION] + ["iteration"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def slot_accuracy(history: pd.DataFrame) -> pd.DataFrame:
+    """Accuracy of each slot's regular (active) version: index iteration, columns slot.
+
+    >>> slot_accuracy(pd.DataFrame({"iteration": [0, 0, 1], "slot": [0, 1, 0], "role": ["regular"] * 3,
+    ...                             "accuracy": [0.5, 1.0, 0.25]})).to_dict()
+    {0: {0: 0.5, 1: 0.25}, 1: {0: 1.0, 1: nan}}
+    """
+    regular = history[history.role == "regular"]
+    return regular.pivot_table(index="iteration", columns="slot", values="accuracy", aggfunc="first", dropna=False)
+
+
+def accepted_counts(history: pd.DataFrame) -> pd.DataFrame:
+    """Pending rewrites judged per iteration: columns accepted, rejected, accepted_total
+    (cumulative), one row per iteration in `history`."""
+    iterations = sorted(history.iteration.unique())
+    pending = history[history.role == "pending"]
+    decided = pending.groupby(["iteration", "decision"]).size().unstack(fill_value=0)
+    decided = decided.reindex(index=iterations, columns=["accepted", "rejected"], fill_value=0).fillna(0).astype(int)
+    return decided.assign(accepted_total=decided.accepted.cumsum())
+
+
+def plot_tasks(history: pd.DataFrame, band: tuple[float, float], out: Path) -> Path:
+    """tasks.png: left, accuracy of each slot's active version per iteration (one line per slot;
+    `vN` printed where an accepted rewrite changed the version; pending rewrites as hollow
+    markers at the iteration that measured them); right, accepted and rejected rewrites per
+    iteration and the cumulative count of accepted tasks."""
+    fig = Figure(figsize=(15, 5), layout="constrained")
+    left, right = fig.subplots(1, 2, width_ratios=[2, 1])
+    regular, pending = history[history.role == "regular"], history[history.role == "pending"]
+    accuracy, cmap = slot_accuracy(history), matplotlib.colormaps["tab20"]
+    for slot in accuracy.columns:
+        color = cmap(int(slot) % 20)
+        left.plot(accuracy.index, accuracy[slot], marker="o", ms=4, color=color, alpha=0.8, label=f"slot {slot}")
+        rows = regular[regular.slot == slot].sort_values("iteration")
+        changed = rows.version.ne(rows.version.shift()) & (rows.version > 0)
+        for row in rows[changed].itertuples(index=False):
+            left.annotate(f"v{row.version}", (row.iteration, row.accuracy), textcoords="offset points",
+                          xytext=(3, 4), fontsize=7, color=color)  # fmt: skip
+        tried = pending[pending.slot == slot]
+        left.scatter(tried.iteration, tried.accuracy, s=40, facecolors="none", edgecolors=color)
+    for edge in band:
+        left.axhline(edge, color="grey", ls="--", lw=1)
+    left.set_ylim(-0.05, 1.05)
+    left.set_title("accuracy per task slot (dashed: band; hollow: pending rewrite; vN: accepted version)")
+    if 0 < len(accuracy.columns) <= 20:
+        left.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+    counts = accepted_counts(history)
+    right.bar(counts.index, counts.accepted, color="tab:green", label="accepted")
+    right.bar(counts.index, counts.rejected, bottom=counts.accepted, color="tab:red", alpha=0.6, label="rejected")
+    right.plot(counts.index, counts.accepted_total, marker="o", color="black", label="accepted tasks (cumulative)")
+    right.set_title("rewrites judged per iteration")
+    right.legend(fontsize=8)
+    for ax in (left, right):
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+        ax.set_xticks(counts.index)
+    fig.suptitle(f"run {out.parent.parent.name}: task adaptation")
+    fig.savefig(out, dpi=80)
+    return out
+
+
 def _text(value) -> str:
     """A nullable string cell as text ("" for None/NaN)."""
     return "" if value is None or (isinstance(value, float) and np.isnan(value)) else str(value)
@@ -224,12 +302,13 @@ def render_trajectories(layout: RunLayout, iteration: int, count: int = 3) -> st
     return "\n".join(lines) + "\n"
 
 
-def write_reports(layout: RunLayout, iteration: int, states: dict[str, str]) -> list[Path]:
-    """Write curves.png, iteration.png, summary.md and samples.md into iter_NNNN/ (after its
-    summary.json); returns their paths for MLflow."""
+def write_reports(layout: RunLayout, iteration: int, states: dict[str, str], band: tuple[float, float]) -> list[Path]:
+    """Write curves.png, iteration.png, tasks.png, summary.md and samples.md into iter_NNNN/
+    (after its summary.json); returns their paths for MLflow, the run-level plots first."""
     folder = layout.iter_dir(iteration)
     history = metric_history(layout, iteration)
     summary, samples = folder / "summary.md", folder / "samples.md"
     summary.write_text(summary_markdown(layout, iteration, history, states))
     samples.write_text(render_trajectories(layout, iteration))
-    return [plot_curves(history, folder / "curves.png"), plot_iteration(layout, iteration, folder / "iteration.png"), summary, samples]
+    tasks = plot_tasks(adaptation_history(layout, iteration), band, folder / "tasks.png")
+    return [plot_curves(history, folder / "curves.png"), tasks, plot_iteration(layout, iteration, folder / "iteration.png"), summary, samples]

@@ -12,10 +12,19 @@ from mlflow.tracking import MlflowClient
 from nbclient import NotebookClient
 
 from rlanything.storage.layout import RunLayout
-from rlanything.storage.reports import metric_history, pick_trajectories, render_trajectories, summary_markdown
+from rlanything.storage.reports import (
+    accepted_counts,
+    adaptation_history,
+    metric_history,
+    pick_trajectories,
+    plot_tasks,
+    render_trajectories,
+    slot_accuracy,
+    summary_markdown,
+)
 
 REPO = Path(__file__).resolve().parents[2]
-VIEWS = ["curves.png", "iteration.png", "summary.md", "samples.md"]
+VIEWS = ["curves.png", "tasks.png", "iteration.png", "summary.md", "samples.md"]
 
 
 def test_pick_trajectories_prefers_successes_then_one_per_task():
@@ -26,17 +35,39 @@ def test_pick_trajectories_prefers_successes_then_one_per_task():
     assert pick_trajectories(outcomes.iloc[:0], 3) == []
 
 
+def test_slot_accuracy_and_accepted_counts_by_hand(tmp_path):
+    # slot 0 is too easy at iteration 0, its harder v1 is accepted at iteration 1 and active at 2;
+    # slot 1's easier rewrite is rejected at iteration 1; nothing is judged at iteration 2
+    rows = [(0, 0, 0, "regular", 1.0, "proposed"), (0, 1, 0, "regular", 0.0, "proposed"),
+            (1, 0, 0, "regular", 0.875, "slot_busy"), (1, 1, 0, "regular", 0.125, "slot_busy"),
+            (1, 0, 1, "pending", 0.5, "accepted"), (1, 1, 1, "pending", 0.0, "rejected"),
+            (2, 0, 1, "regular", 0.5, "in_band"), (2, 1, 0, "regular", 0.25, "in_band")]  # fmt: skip
+    history = pd.DataFrame(rows, columns=["iteration", "slot", "version", "role", "accuracy", "decision"])
+    accuracy = slot_accuracy(history)
+    assert accuracy.to_dict() == {0: {0: 1.0, 1: 0.875, 2: 0.5}, 1: {0: 0.0, 1: 0.125, 2: 0.25}}  # pending rows left out
+    counts = accepted_counts(history)
+    assert counts.to_dict("list") == {"accepted": [0, 1, 0], "rejected": [0, 1, 0], "accepted_total": [0, 1, 1]}
+    assert list(counts.index) == [0, 1, 2]
+    out = tmp_path / "run" / "iter_0002" / "tasks.png"
+    out.parent.mkdir(parents=True)
+    height, width, _ = matplotlib.image.imread(plot_tasks(history, (0.2, 0.8), out)).shape
+    assert width > 800 and height > 300
+
+
 def test_every_iteration_has_plots_markdown_and_samples_in_the_folder_and_in_mlflow(small_run):
     layout = RunLayout(Path(small_run["run_dir"]))
     client = MlflowClient(small_run["mlflow_uri"])
     for iteration in (0, 1):
         folder = layout.iter_dir(iteration)
-        for png in ("curves.png", "iteration.png"):
+        for png in ("curves.png", "tasks.png", "iteration.png"):
             height, width, _ = matplotlib.image.imread(folder / png).shape
             assert width > 800 and height > 250, (png, width, height)
         logged = {Path(a.path).name for a in client.list_artifacts(small_run["mlflow_run_id"], f"iter_{iteration:04d}")}
         assert set(VIEWS) <= logged, logged
-    assert "curves.png" in {a.path for a in client.list_artifacts(small_run["mlflow_run_id"])}  # latest, up front
+    assert {"curves.png", "tasks.png"} <= {a.path for a in client.list_artifacts(small_run["mlflow_run_id"])}  # latest, up front
+    adaptation = adaptation_history(layout, 1)
+    assert list(slot_accuracy(adaptation).index) == [0, 1]
+    assert slot_accuracy(adaptation).shape[1] == adaptation[adaptation.iteration == 0].slot.nunique()
 
     history = metric_history(layout, 1)
     assert list(history.index) == [0, 1] and {"accuracy", "rm/agreement", "policy/kl", "adapt/accepted"} <= set(history)
