@@ -270,6 +270,10 @@ class EnvConfig(_Section):
     """Size of the initial task buffer (one slot per problem)."""
     max_steps: int = Field(1, ge=1)
     """Step cap of an episode; reaching it ends the episode as a failure."""
+    screenshots: bool = True
+    """Keep a PNG of the screen after every step (environments with a screen: MiniWoB++,
+    OSWorld) in iter_NNNN/screenshots/ and MLflow; the `screenshot` column of rollouts.parquet
+    names each step's file."""
     miniwob: MiniWoBConfig = MiniWoBConfig()
     """MiniWoB++ web tasks (kind: miniwob)."""
     osworld: OSWorldConfig = OSWorldConfig()

@@ -46,6 +46,10 @@ class Environment(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional: `last_screenshot() -> bytes | None` (a PNG of the screen, see `screenshot`) and
+    # `replayable = False` (see `replayable`); environments without them are text-only and
+    # replayable.
+
     # --- specs and rewrites (task adaptation) -------------------------------------------
     @staticmethod
     def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
@@ -73,6 +77,19 @@ class Environment(Protocol):
         """A deterministic rewrite written in `parse_rewrite`'s format (`adapt.rewriter: rule`);
         ValueError when the environment has no rule for this spec."""
         ...
+
+
+def screenshot(env: Environment) -> bytes | None:
+    """PNG of the environment's screen as the last reset/step left it, for environments that
+    have one (MiniWoB++, OSWorld define `last_screenshot()`); None for text environments."""
+    shot = getattr(env, "last_screenshot", None)
+    return shot() if shot is not None else None
+
+
+def replayable(env: Environment | type) -> bool:
+    """False for environments whose episodes cannot be replayed to the same end (a desktop VM):
+    verify then keeps the outcome evaluated at the end of the live episode."""
+    return getattr(env, "replayable", True)
 
 
 def parse_json_box(text: str, allowed: set[str] | None) -> dict[str, Any]:

@@ -4,6 +4,12 @@ Each step is recorded with the exact prompt tokens the policy saw and the tokens
 (with their log-probs), so a training sample is a row of this table, for single-turn and
 multi-turn environments alike. An environment that raises ends its episode as `env_error`:
 the trajectory is kept, counted and never trained on.
+
+Environments with a screen (MiniWoB++, OSWorld) also leave a PNG per step through
+`save_screenshot(traj_id, step_idx or None for the start screen, png) -> path`; a screenshot
+that fails is counted in `screenshot_errors` and recorded as a missing path, never a lost
+episode. Environments that cannot be replayed (`replayable = False`) get their verifier asked at
+the end of the live episode (`live_outcome`), since verify cannot replay them.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rlanything.algo.parsing import parse_boxed_answer
-from rlanything.envs.base import Environment
+from rlanything.envs.base import Environment, replayable, screenshot
 from rlanything.models.engine import GenerationEngine
 from rlanything.models.prompts import policy_messages, render
 
@@ -28,6 +34,23 @@ class Episode:
     responses: list[str] = field(default_factory=list)
     termination: str | None = None  # done | max_steps | env_error
     error: str | None = None
+    first_screenshot: str | None = None
+    live_outcome: int | None = None
+
+
+SaveScreenshot = Callable[[int, "int | None", bytes], str]
+
+
+def _keep_screen(ep: Episode, save: SaveScreenshot | None, step_idx: int | None, errors: list[str]) -> str | None:
+    """Save the environment's current screen, if it has one and the episode is still sound."""
+    if save is None or ep.termination == "env_error":
+        return None
+    try:
+        png = screenshot(ep.env)
+        return save(ep.traj_id, step_idx, png) if png is not None else None
+    except Exception as err:  # a lost picture is counted; the episode goes on
+        errors.append(f"traj {ep.traj_id} step {step_idx}: {type(err).__name__}: {err}")
+        return None
 
 
 def _env_call(ep: Episode, fn: Callable, *args) -> Any:
@@ -50,8 +73,13 @@ def play(
     temperature: float,
     top_p: float,
     seed: int,
+    save_screenshot: SaveScreenshot | None = None,
+    screenshot_errors: list[str] | None = None,
 ) -> tuple[list[dict], list[dict]]:
-    """-> (step rows for rollouts.parquet, trajectory rows with termination info)."""
+    """-> (step rows for rollouts.parquet, trajectory rows with termination info).
+
+    `screenshot_errors`, when given, collects one line per screenshot that failed."""
+    shot_errors = screenshot_errors if screenshot_errors is not None else []
     episodes = [
         Episode(t * group_size + r, task, r, make_env())
         for t, task in enumerate(tasks)
@@ -61,6 +89,7 @@ def play(
         first = _env_call(ep, ep.env.reset, ep.task["spec"])
         if first is not None:
             ep.observations.append(first)
+            ep.first_screenshot = _keep_screen(ep, save_screenshot, None, shot_errors)
     rows: list[dict] = []
     for step_idx in range(max_steps):
         active = [ep for ep in episodes if ep.termination is None]
@@ -82,6 +111,9 @@ def play(
                 ep.termination = "done"
             elif ep.termination is None and step_idx == max_steps - 1:
                 ep.termination = "max_steps"
+            shot = _keep_screen(ep, save_screenshot, step_idx, shot_errors)
+            if ep.termination == "done" and not replayable(ep.env):
+                ep.live_outcome = _env_call(ep, ep.env.outcome)
             rows.append({
                 "traj_id": ep.traj_id, "task_id": ep.task["task_id"], "slot": ep.task["slot"],
                 "version": ep.task["version"], "rollout_idx": ep.rollout_idx, "step_idx": step_idx,
@@ -90,7 +122,7 @@ def play(
                 "finish_reason": gen.finish_reason, "prompt_ids": prompt_ids,
                 "response_ids": gen.token_ids, "logprobs": gen.logprobs,
                 "prompt_tokens": len(prompt_ids), "response_tokens": len(gen.token_ids),
-                "pending": ep.task["pending"],
+                "pending": ep.task["pending"], "screenshot": shot,
             })  # fmt: skip
     trajectories = []
     for ep in episodes:
@@ -100,5 +132,6 @@ def play(
             "version": ep.task["version"], "rollout_idx": ep.rollout_idx,
             "first_observation": ep.observations[0] if ep.observations else "", "num_steps": len(ep.responses),
             "termination": ep.termination or "max_steps", "error": ep.error, "pending": ep.task["pending"],
+            "first_screenshot": ep.first_screenshot, "live_outcome": ep.live_outcome,
         })  # fmt: skip
     return rows, trajectories

@@ -31,6 +31,15 @@ class RunLayout:
         """`name` like "rollouts" -> iter_NNNN/rollouts.parquet."""
         return self.iter_dir(iteration) / f"{name}.parquet"
 
+    def screenshot(self, iteration: int, traj_id: int, step_idx: int | None) -> Path:
+        """iter_NNNN/screenshots/tTTTTT_sSS.png: the screen after step SS of trajectory TTTTT
+        (`_start` for the screen the episode began with, step_idx None)."""
+        name = f"t{traj_id:05d}_start.png" if step_idx is None else f"t{traj_id:05d}_s{step_idx:02d}.png"
+        return self.screenshots_dir(iteration) / name
+
+    def screenshots_dir(self, iteration: int) -> Path:
+        return self.iter_dir(iteration) / "screenshots"
+
     def tasks_snapshot(self, version: int) -> Path:
         return self.run_dir / "tasks" / f"v{version:04d}.parquet"
 

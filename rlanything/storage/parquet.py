@@ -35,6 +35,18 @@ def write_table(rows: pd.DataFrame | list[dict], schema: pa.Schema, path: Path) 
     return path
 
 
+def write_bytes(data: bytes, path: Path) -> Path:
+    """Write a small binary file (a screenshot) atomically, like `write_table`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def read_table(path: Path, schema: pa.Schema) -> pd.DataFrame:
     """Read an artifact, checking it was written with `schema`."""
     table = pq.read_table(path)

@@ -278,7 +278,7 @@ def render_trajectories(layout: RunLayout, iteration: int, count: int = 3) -> st
     """samples.md: a few trajectories step by step, with the RM's judgments of each step."""
     art = lambda name, schema: read_table(layout.artifact(iteration, name), schema)  # noqa: E731
     outcomes, episodes, steps, judgments = art("outcomes", OUTCOMES), art("episodes", EPISODES), art("rollouts", ROLLOUTS), art("judgments", JUDGMENTS)  # fmt: skip
-    first = episodes.set_index("traj_id").first_observation
+    first, first_screen = episodes.set_index("traj_id").first_observation, episodes.set_index("traj_id").first_screenshot
     lines = [f"# Run `{layout.run_dir.name}`, iteration {iteration}: sample trajectories", ""]
     for traj_id in pick_trajectories(outcomes, count):
         out = outcomes.set_index("traj_id").loc[traj_id]
@@ -287,6 +287,8 @@ def render_trajectories(layout: RunLayout, iteration: int, count: int = 3) -> st
                   + (", pending rewrite (not trained)" if out.pending else "")
                   + ("" if out.valid else f", invalid: {out.error}"), ""]  # fmt: skip
         lines += _block("Task (first observation)", first.get(traj_id))
+        if _text(first_screen.get(traj_id)):  # screenshots/ sits beside samples.md
+            lines += [f"![the screen at the start]({first_screen.get(traj_id)})", ""]
         for step in steps[steps.traj_id == traj_id].sort_values("step_idx").itertuples(index=False):
             lines += [f"### Step {step.step_idx}", ""]
             if step.step_idx == 0:
@@ -294,6 +296,8 @@ def render_trajectories(layout: RunLayout, iteration: int, count: int = 3) -> st
             lines += _block(f"Response ({step.response_tokens} tokens, finish: {step.finish_reason})", step.response)
             lines += [f"**Action**: `{_text(step.action) or '(none)'}` ({step.action_status})", ""]
             lines += _block("Observation", step.observation)
+            if _text(step.screenshot):
+                lines += [f"![the screen after step {step.step_idx}]({step.screenshot})", ""]
             judged = judgments[(judgments.traj_id == traj_id) & (judgments.step_idx == step.step_idx)]
             scores = ", ".join(f"{s:+d}" if p else "unparsed" for s, p in zip(judged.step_score, judged.parsed))
             lines += [f"**Judgments** ({len(judged)}): {scores}", ""]

@@ -31,6 +31,7 @@ ROLLOUTS = pa.schema(
         pa.field("prompt_tokens", pa.int32(), nullable=False),
         pa.field("response_tokens", pa.int32(), nullable=False),
         pa.field("pending", pa.bool_(), nullable=False),  # a rewrite under evaluation: no training
+        pa.field("screenshot", pa.string()),  # PNG of the screen after the step, relative to iter_NNNN/
     ]
 )
 
@@ -42,6 +43,8 @@ EPISODES = pa.schema(
         pa.field("termination", pa.string(), nullable=False),  # done | max_steps | env_error
         pa.field("error", pa.string()),
         pa.field("pending", pa.bool_(), nullable=False),
+        pa.field("first_screenshot", pa.string()),  # PNG of the screen the episode began with
+        pa.field("live_outcome", pa.int8()),  # the verifier at the episode's end (non-replayable envs)
     ]
 )
 
@@ -54,6 +57,7 @@ OUTCOMES = pa.schema(
         pa.field("valid", pa.bool_(), nullable=False),  # False: environment failure, never trains
         pa.field("error", pa.string()),
         pa.field("pending", pa.bool_(), nullable=False),
+        pa.field("verified_by", pa.string(), nullable=False),  # replay | live | step_cap | env_error
     ]
 )
 

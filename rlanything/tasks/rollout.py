@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 
 import pandas as pd
 
 from rlanything.envs import make_env
+from rlanything.envs.base import env_class, replayable
 from rlanything.models.engine import make_engine
 from rlanything.models.rollout import play
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
 from rlanything.storage.buffer import read_buffer, sample_batch
-from rlanything.storage.parquet import read_table, write_table
+from rlanything.storage.parquet import read_table, write_bytes, write_table
 from rlanything.storage.schemas import EPISODES, OUTCOMES, ROLLOUTS
 from rlanything.tasks.common import model_path, open_run, step_task
 
@@ -24,6 +27,13 @@ def rollout(run_dir: str, iteration: int):
     tasks = sample_batch(buffer, config.policy.tasks_per_iteration, derive_seed(config.run.seed, iteration, "sample"))
     path = model_path(config, layout, "policy", iteration)
     total = len(tasks) * config.policy.group_size * config.env.max_steps
+    shots_dir, shot_errors = layout.screenshots_dir(iteration), []
+    shutil.rmtree(shots_dir, ignore_errors=True)  # a re-run rollout must not mix in old pictures
+
+    def save_screenshot(traj_id: int, step_idx: int | None, png: bytes) -> str:
+        out = write_bytes(png, layout.screenshot(iteration, traj_id, step_idx))
+        return str(out.relative_to(layout.iter_dir(iteration)))
+
     with progress(f"iter {iteration}: rollout", total) as advance:
         engine, tokenizer = make_engine(config.policy, "policy", path, advance, layout.run_dir / "vllm-policy.log")
         rows, episodes = play(
@@ -31,11 +41,14 @@ def rollout(run_dir: str, iteration: int):
             group_size=config.policy.group_size, max_steps=config.env.max_steps,
             max_new_tokens=config.policy.max_new_tokens, temperature=config.policy.temperature,
             top_p=config.policy.top_p, seed=derive_seed(config.run.seed, iteration, "rollout"),
+            save_screenshot=save_screenshot if config.env.screenshots else None, screenshot_errors=shot_errors,
         )  # fmt: skip
     paths = [
         write_table(rows, ROLLOUTS, layout.artifact(iteration, "rollouts")),
         write_table(episodes, EPISODES, layout.artifact(iteration, "episodes")),
     ]
+    if shots_dir.exists():
+        paths.append(shots_dir)  # logged to MLflow as iter_NNNN/screenshots/
     frame = pd.DataFrame(rows)
     metrics = {
         "rollout/trajectories": len(episodes),
@@ -45,7 +58,11 @@ def rollout(run_dir: str, iteration: int):
         "tokens/policy_prompt": int(frame.prompt_tokens.sum()) if rows else 0,
         "tokens/policy_response": int(frame.response_tokens.sum()) if rows else 0,
         "rollout/env_errors": sum(e["termination"] == "env_error" for e in episodes),
+        "rollout/screenshots": len(list(shots_dir.glob("*.png"))) if shots_dir.exists() else 0,
+        "rollout/screenshot_errors": len(shot_errors),
     }
+    for line in shot_errors[:5]:
+        logging.getLogger(__name__).warning("screenshot failed: %s", line)
     return paths, metrics
 
 
@@ -61,6 +78,29 @@ def replay_outcome(env_config, spec: dict, actions: list[str | None]) -> int:
         env.close()
 
 
+def verify_episode(env_config, episode: dict, spec: str, actions: list[str | None]) -> dict:
+    """One outcomes.parquet row from an episodes.parquet row: a finished episode is replayed in
+    a fresh environment and its verifier asked, or, for environments that cannot be replayed
+    (`replayable = False`, a desktop VM), the verdict taken at the end of the live episode is
+    kept; hitting the step cap is a failure without asking; an environment error is invalid."""
+    outcome, valid, error = -1, episode["termination"] != "env_error", episode["error"]
+    verified_by = "step_cap" if episode["termination"] == "max_steps" else episode["termination"]
+    if episode["termination"] == "done" and not replayable(env_class(env_config.kind)):
+        verified_by = "live"
+        if episode["live_outcome"] is None or pd.isna(episode["live_outcome"]):
+            valid, error = False, "verifier: no live outcome recorded for a non-replayable environment"
+        else:
+            outcome = int(episode["live_outcome"])
+    elif episode["termination"] == "done":
+        verified_by = "replay"
+        try:
+            outcome = replay_outcome(env_config, json.loads(spec), actions)
+        except Exception as err:  # a crashing verifier is recorded, never a silent -1
+            valid, error = False, f"verifier: {type(err).__name__}: {err}"
+    ids = {k: v for k, v in episode.items() if k in OUTCOMES.names}
+    return {**ids, "outcome": outcome, "valid": valid, "error": error, "verified_by": verified_by}
+
+
 @step_task("verify")
 def verify(run_dir: str, iteration: int):
     config, layout = open_run(run_dir)
@@ -68,16 +108,8 @@ def verify(run_dir: str, iteration: int):
     episodes = read_table(layout.artifact(iteration, "episodes"), EPISODES)
     specs = read_buffer(layout.tasks_snapshot(iteration)).set_index("task_id").spec
     actions = steps.sort_values("step_idx").groupby("traj_id").action.apply(list)
-    rows = []
-    for ep in episodes.itertuples(index=False):
-        outcome, valid, error = -1, ep.termination != "env_error", ep.error
-        if ep.termination == "done":  # hitting the step cap is a failure without asking
-            try:
-                outcome = replay_outcome(config.env, json.loads(specs[ep.task_id]), actions.get(ep.traj_id, []))
-            except Exception as err:  # a crashing verifier is recorded, never a silent -1
-                valid, error = False, f"verifier: {type(err).__name__}: {err}"
-        ids = {k: v for k, v in ep._asdict().items() if k in OUTCOMES.names}
-        rows.append({**ids, "outcome": outcome, "valid": valid, "error": error})
+    rows = [verify_episode(config.env, ep._asdict(), specs[ep.task_id], actions.get(ep.traj_id, []))
+            for ep in episodes.itertuples(index=False)]  # fmt: skip
     path = write_table(rows, OUTCOMES, layout.artifact(iteration, "outcomes"))
     frame = pd.DataFrame(rows)
     scored = frame[frame.valid & ~frame.pending]

@@ -118,13 +118,13 @@ class ExpertEngine:
         return out
 
 
-def run_episodes(cfg, tokenizer, specs, **engine_kw):
+def run_episodes(cfg, tokenizer, specs, play_kw=None, **engine_kw):
     tasks = [
         {"task_id": f"s{i:03d}v00", "slot": i, "version": 0, "spec": s, "pending": False} for i, s in enumerate(specs)
     ]
     rows, trajectories = play(
         ExpertEngine(tokenizer, **engine_kw), tokenizer, lambda: make_env(cfg), tasks, group_size=1,
-        max_steps=cfg.max_steps, max_new_tokens=32, temperature=1.0, top_p=1.0, seed=0,
+        max_steps=cfg.max_steps, max_new_tokens=32, temperature=1.0, top_p=1.0, seed=0, **(play_kw or {}),
     )  # fmt: skip
     actions = {t["traj_id"]: [r["action"] for r in rows if r["traj_id"] == t["traj_id"]] for t in trajectories}
     return rows, trajectories, actions
@@ -253,6 +253,35 @@ def test_screenshot_is_a_png_of_the_task_area():
     env.step(f"type({els[0]['ref']}, 'typed text')")
     assert env.last_screenshot() != before  # the state after the last step, not a stale one
     env.close()
+
+
+def test_the_rollout_loop_keeps_a_screenshot_per_step_and_counts_failed_ones(tiny_tokenizer, monkeypatch):
+    from PIL import Image
+
+    saved, errors = {}, []
+
+    def save(traj_id, step_idx, png):
+        saved[(traj_id, step_idx)] = png
+        return f"t{traj_id}-{step_idx}"
+
+    spec = {"task": "enter-text", "seed": 4}  # focus, type, submit: three steps
+    rows, trajectories, _ = run_episodes(env_config(), tiny_tokenizer, [spec], {"save_screenshot": save, "screenshot_errors": errors})
+    assert trajectories[0]["termination"] == "done" and len(rows) >= 2 and not errors
+    assert trajectories[0]["first_screenshot"] == "t0-None" and trajectories[0]["live_outcome"] is None  # replayable
+    assert [r["screenshot"] for r in rows] == [f"t0-{r['step_idx']}" for r in rows]
+    assert set(saved) == {(0, None)} | {(0, r["step_idx"]) for r in rows}
+    assert all(Image.open(io.BytesIO(png)).size == (160, 210) for png in saved.values())
+    assert saved[(0, None)] != saved[(0, 1)]  # typing changed the page
+
+    def broken(self):
+        raise RuntimeError("screen capture failed")
+
+    monkeypatch.setattr(MiniWoBEnv, "last_screenshot", broken)  # a failing capture costs the picture only
+    rows, trajectories, actions = run_episodes(env_config(), tiny_tokenizer, [spec], {"save_screenshot": save, "screenshot_errors": errors})
+    assert trajectories[0]["termination"] == "done" and trajectories[0]["first_screenshot"] is None
+    assert all(r["screenshot"] is None for r in rows) and len(errors) == len(rows) + 1
+    assert "RuntimeError: screen capture failed" in errors[0]
+    assert replay_outcome(env_config(), spec, actions[0]) == 1
 
 
 def test_killed_browser_is_an_env_error_and_the_pool_recovers(tiny_tokenizer):

@@ -14,11 +14,14 @@ import sys
 import types
 
 import pytest
+from scripted_policy import ScriptedPolicy, tasks_of
 
 from rlanything.config import build_config
 from rlanything.envs import env_class, initial_specs, make_env
 from rlanything.envs import osworld
 from rlanything.envs.osworld import OSWorldEnv, check_action, linearize_tree
+from rlanything.models.rollout import play
+from rlanything.tasks.rollout import verify_episode
 
 TREE = """<desktop-frame xmlns:st="https://accessibility.ubuntu.example.org/ns/state"
   xmlns:cp="https://accessibility.ubuntu.example.org/ns/component">
@@ -104,7 +107,8 @@ class StandInDesktopEnv:
         pass
 
 
-def test_episode_logic_against_a_stand_in_desktop(tmp_path, monkeypatch):
+@pytest.fixture
+def stand_in(monkeypatch):
     package = types.ModuleType("desktop_env")
     module = types.ModuleType("desktop_env.desktop_env")
     module.DesktopEnv = StandInDesktopEnv
@@ -112,6 +116,9 @@ def test_episode_logic_against_a_stand_in_desktop(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "desktop_env.desktop_env", module)
     monkeypatch.setattr(osworld, "_IDLE", {})  # the stand-in never reaches the real pool
     StandInDesktopEnv.created = 0
+
+
+def test_episode_logic_against_a_stand_in_desktop(tmp_path, stand_in):
     cfg = env_config(write_examples(tmp_path), desktop_env={"provider_name": "docker"})
     spec = initial_specs(cfg, seed=1)[0]
     for actions, outcome in [(["pyautogui.click(100, 200)", "DONE"], 1), (["oops", "DONE"], -1)]:
@@ -124,6 +131,34 @@ def test_episode_logic_against_a_stand_in_desktop(tmp_path, monkeypatch):
         env.close()
     assert "-> error: use one line of pyautogui" in results[0].observation
     assert StandInDesktopEnv.created == 1  # the VM was reused by the second episode
+
+
+def test_rollouts_keep_the_live_verdict_and_screens_and_verify_does_not_replay(tmp_path, stand_in, tiny_tokenizer):
+    """A desktop cannot be replayed: the rollout loop asks the evaluator when the episode ends
+    (live_outcome) and verify keeps that verdict, marked `live`."""
+    cfg = env_config(write_examples(tmp_path), desktop_env={"provider_name": "docker"})
+    specs = initial_specs(cfg, seed=1)[:2]
+    solver = f"number {specs[0]['example_id'].split('-')[1]}."  # the first task is solved, the second given up
+    plans = {True: ["\\boxed{pyautogui.click(100, 200)}", "\\boxed{DONE}"], False: ["\\boxed{DONE}"]}
+    policy = ScriptedPolicy(tiny_tokenizer, lambda obs: plans[solver in obs[0]][len(obs) - 1])
+    saved = {}
+    rows, episodes = play(policy, tiny_tokenizer, lambda: make_env(cfg), tasks_of(specs), group_size=1, max_steps=5,
+                          max_new_tokens=16, temperature=1.0, top_p=1.0, seed=0,
+                          save_screenshot=lambda t, s, png: saved.setdefault((t, s), png) and f"{t}/{s}")  # fmt: skip
+    assert specs[0] != specs[1] and [e["live_outcome"] for e in episodes] == [1, -1]
+    assert [e["num_steps"] for e in episodes] == [2, 1]
+    assert all(e["termination"] == "done" and e["first_screenshot"] == f"{e['traj_id']}/None" for e in episodes)
+    assert [r["screenshot"] for r in rows] == [f"{r['traj_id']}/{r['step_idx']}" for r in rows]
+    assert set(saved.values()) == {b"\x89PNG\r\n\x1a\nfake"}
+    created = StandInDesktopEnv.created
+    for episode, spec in zip(episodes, specs):
+        row = verify_episode(cfg, episode, json.dumps(spec), actions=[])  # no actions: a replay would fail
+        assert (row["outcome"], row["valid"], row["verified_by"]) == (episode["live_outcome"], True, "live")
+    assert StandInDesktopEnv.created == created  # no VM was started to verify
+    lost = verify_episode(cfg, {**episodes[0], "live_outcome": None}, json.dumps(specs[0]), actions=[])
+    assert lost["valid"] is False and "no live outcome" in lost["error"]
+    capped = verify_episode(cfg, {**episodes[0], "termination": "max_steps"}, json.dumps(specs[0]), actions=[])
+    assert (capped["outcome"], capped["valid"], capped["verified_by"]) == (-1, True, "step_cap")
 
 
 def test_adapter_matches_the_installed_desktop_env():

@@ -4,7 +4,6 @@ as pending versions next iteration (without training on them) and accepted or re
 import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 

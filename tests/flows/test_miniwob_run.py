@@ -1,10 +1,12 @@
 """Two iterations of the tiny MiniWoB++ config through real Prefect, MLflow, Parquet and Chromium:
-multi-step web episodes, one rollouts.parquet row per step, every step judged."""
+multi-step web episodes, one rollouts.parquet row per step with its screenshot, every step judged."""
 
 import json
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
+from PIL import Image
 
 from rlanything.storage import schemas
 from rlanything.storage.buffer import read_buffer
@@ -43,6 +45,26 @@ def test_multi_step_web_episodes_leave_one_row_per_step(run):
             assert seen in prompt
         assert len(judgments.groupby(["traj_id", "step_idx"])) == (~steps.pending).sum()  # pending: not judged
     assert layout.iteration_done(1).exists()
+
+
+def test_every_step_has_its_screenshot_in_the_run_folder_and_in_mlflow(run):
+    layout, client = RunLayout(Path(run["run_dir"])), MlflowClient(run["mlflow_uri"])
+    for iteration in (0, 1):
+        folder = layout.iter_dir(iteration)
+        steps = read_table(layout.artifact(iteration, "rollouts"), schemas.ROLLOUTS)
+        episodes = read_table(layout.artifact(iteration, "episodes"), schemas.EPISODES)
+        expected = {f"screenshots/t{t:05d}_s{s:02d}.png" for t, s in zip(steps.traj_id, steps.step_idx)}
+        assert set(steps.screenshot) == expected  # one per step, none missing
+        assert set(episodes.first_screenshot) == {f"screenshots/t{t:05d}_start.png" for t in episodes.traj_id}
+        for name in expected | set(episodes.first_screenshot):
+            assert Image.open(folder / name).size == (160, 210)
+        logged = {Path(a.path).name for a in client.list_artifacts(run["mlflow_run_id"], f"iter_{iteration:04d}/screenshots")}
+        assert logged == {Path(n).name for n in expected | set(episodes.first_screenshot)}
+        summary = json.loads((folder / "summary.json").read_text())
+        assert summary["rollout/screenshots"] == len(logged) and summary["rollout/screenshot_errors"] == 0
+        outcomes = read_table(layout.artifact(iteration, "outcomes"), schemas.OUTCOMES)
+        assert set(outcomes.verified_by) <= {"replay", "step_cap"} and episodes.live_outcome.isna().all()
+        assert "![the screen after step 0](screenshots/t" in (folder / "samples.md").read_text()
 
 
 def test_rule_rewrites_become_pending_miniwob_variants_rolled_out_next_iteration(run):

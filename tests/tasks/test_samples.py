@@ -1,6 +1,5 @@
 """The advantages step's glue, on hand-computed numbers: which samples train, with what rewards."""
 
-import numpy as np
 import pandas as pd
 import pytest
 
