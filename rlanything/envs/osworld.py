@@ -29,8 +29,8 @@ are pooled per process and reused across episodes (`reset` reverts the VM's snap
 
 Verify. The repository's verify step replays an episode's actions in a fresh environment. A
 desktop is not deterministic under replay (timing, network, app state), and a replay costs a
-VM reset. `replayable = False` marks that; the proposal (not wired yet) is that verify takes
-the outcome evaluated at the end of the live episode for such environments.
+VM reset. `replayable = False` marks that: the rollout loop asks the evaluator when the live
+episode ends (`live_outcome` in episodes.parquet) and verify keeps that verdict.
 
 Task adaptation picks among verified variants only: another example of the same domain (every
 example carries OSWorld's own evaluator), never a free-form rewrite without a checker.
@@ -154,7 +154,7 @@ def _give_back(cfg: "OSWorldConfig", desktop: Any) -> None:
 
 
 class OSWorldEnv:
-    replayable = False  # see the module docstring: verify should keep the live outcome
+    replayable = False  # see the module docstring: verify keeps the live outcome
     system_prompt = (
         "You control a computer's desktop to complete the task shown. Each turn you see the task, what "
         'your last action did and the screen\'s accessibility tree, one element a line as tag "name" '
