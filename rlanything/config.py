@@ -270,6 +270,10 @@ class EnvConfig(_Section):
     """Size of the initial task buffer (one slot per problem)."""
     max_steps: int = Field(1, ge=1)
     """Step cap of an episode; reaching it ends the episode as a failure."""
+    answer_fallback: Literal["none", "last_number"] = "none"
+    """How a response without a \\boxed{} is read: `none` (no action, the usual failure) or
+    `last_number` (its last number, action_status `last_number`), for small models that compute
+    but do not box yet (reasoning-gym arithmetic with SmolLM2-135M)."""
     screenshots: bool = True
     """Keep a PNG of the screen after every step (environments with a screen: MiniWoB++,
     OSWorld) in iter_NNNN/screenshots/ and MLflow; the `screenshot` column of rollouts.parquet

@@ -24,6 +24,8 @@ Where we depart from the paper / authors' code, and why:
 
 from __future__ import annotations
 
+import re
+
 _OPEN = "\\boxed{"
 _VERDICTS = {"1": 1, "+1": 1, "-1": -1}
 
@@ -123,3 +125,31 @@ def parse_boxed_answer(text: str) -> tuple[str | None, str]:
     if not answer:
         return None, "empty_box"
     return answer, "ok"
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def parse_answer(text: str, fallback: str = "none") -> tuple[str | None, str]:
+    r"""`parse_boxed_answer`, and with ``fallback="last_number"`` a response without a box is
+    read as its last number (status ``"last_number"``). Our departure for small models that
+    compute but do not box (stack.md: SmolLM2-135M gets the last number right about half the
+    time and boxes almost never); the status keeps the two apart in rollouts.parquet.
+
+    text: str, fallback: "none" | "last_number" -> (str | None, str)
+
+    >>> parse_answer("0 - 4 is -4.", "last_number")
+    ('-4', 'last_number')
+    >>> parse_answer(r"so \boxed{7}, not 8", "last_number")
+    ('7', 'ok')
+    >>> parse_answer("0 - 4 is -4.")
+    (None, 'no_box')
+    """
+    if fallback not in ("none", "last_number"):
+        raise ValueError(f"unknown answer fallback {fallback!r}")
+    answer, status = parse_boxed_answer(text)
+    if status == "no_box" and fallback == "last_number":
+        numbers = _NUMBER.findall(text)
+        if numbers:
+            return numbers[-1], "last_number"
+    return answer, status

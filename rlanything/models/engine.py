@@ -103,8 +103,10 @@ class StepLogprobs(LogitsProcessor):
 class TransformersEngine:
     """Batched `model.generate` on CPU or GPU, sorted by prompt length to limit padding."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 32, on_batch: Callable[[int], None] | None = None):
+    def __init__(self, model, tokenizer, batch_size: int = 32, on_batch: Callable[[int], None] | None = None,
+                 weights: str = ""):  # fmt: skip
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.weights = weights  # the folder the model was loaded from (recorded with every sample)
         self.on_batch = on_batch or (lambda n: None)
         eos = model.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -176,7 +178,7 @@ def make_engine(section, role: str, model_dir, on_batch: Callable[[int], None] |
         model = load_model(model_dir, section.dtype)
         if torch.cuda.is_available():
             model.cuda()
-        return TransformersEngine(model, tokenizer, section.batch_size, on_batch), tokenizer
+        return TransformersEngine(model, tokenizer, section.batch_size, on_batch, weights=str(model_dir)), tokenizer
     from rlanything.models.vllm_engine import VllmEngine, shared_server
 
     server = shared_server(role, section.vllm, model_dir, section.dtype, log_path)

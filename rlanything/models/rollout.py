@@ -18,7 +18,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rlanything.algo.parsing import parse_boxed_answer
+from rlanything.algo.parsing import parse_answer
 from rlanything.envs.base import Environment, replayable, screenshot
 from rlanything.models.engine import GenerationEngine
 from rlanything.models.prompts import policy_messages, render
@@ -73,6 +73,7 @@ def play(
     temperature: float,
     top_p: float,
     seed: int,
+    answer_fallback: str = "none",
     save_screenshot: SaveScreenshot | None = None,
     screenshot_errors: list[str] | None = None,
 ) -> tuple[list[dict], list[dict]]:
@@ -101,7 +102,7 @@ def play(
             top_p=top_p, seed=seed + 7919 * step_idx,
         )  # fmt: skip
         for ep, (prompt, prompt_ids), gen in zip(active, rendered, gens):
-            action, status = parse_boxed_answer(gen.text)
+            action, status = parse_answer(gen.text, answer_fallback)
             result = _env_call(ep, ep.env.step, action)
             observation = result.observation if result is not None else ""
             done = result.done if result is not None else True

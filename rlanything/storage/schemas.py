@@ -32,6 +32,7 @@ ROLLOUTS = pa.schema(
         pa.field("response_tokens", pa.int32(), nullable=False),
         pa.field("pending", pa.bool_(), nullable=False),  # a rewrite under evaluation: no training
         pa.field("screenshot", pa.string()),  # PNG of the screen after the step, relative to iter_NNNN/
+        pa.field("weights", pa.string(), nullable=False),  # the checkpoint folder that generated the step
     ]
 )
 
@@ -76,6 +77,7 @@ JUDGMENTS = pa.schema(
         pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("response_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("logprobs", pa.list_(pa.float32()), nullable=False),
+        pa.field("weights", pa.string(), nullable=False),  # the RM checkpoint folder that judged
     ]
 )
 

@@ -41,8 +41,10 @@ def rollout(run_dir: str, iteration: int):
             group_size=config.policy.group_size, max_steps=config.env.max_steps,
             max_new_tokens=config.policy.max_new_tokens, temperature=config.policy.temperature,
             top_p=config.policy.top_p, seed=derive_seed(config.run.seed, iteration, "rollout"),
+            answer_fallback=config.env.answer_fallback,
             save_screenshot=save_screenshot if config.env.screenshots else None, screenshot_errors=shot_errors,
         )  # fmt: skip
+        rows = [{**row, "weights": engine.weights} for row in rows]  # which weights produced each sample
     paths = [
         write_table(rows, ROLLOUTS, layout.artifact(iteration, "rollouts")),
         write_table(episodes, EPISODES, layout.artifact(iteration, "episodes")),
@@ -54,6 +56,7 @@ def rollout(run_dir: str, iteration: int):
         "rollout/trajectories": len(episodes),
         "rollout/steps": len(rows),
         "rollout/action_parse_rate": float((frame.action_status == "ok").mean()) if rows else 0.0,
+        "rollout/last_number_rate": float((frame.action_status == "last_number").mean()) if rows else 0.0,
         "rollout/truncated_frac": float((frame.finish_reason == "length").mean()) if rows else 0.0,
         "tokens/policy_prompt": int(frame.prompt_tokens.sum()) if rows else 0,
         "tokens/policy_response": int(frame.response_tokens.sum()) if rows else 0,

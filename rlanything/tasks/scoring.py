@@ -49,6 +49,7 @@ def rm_score(run_dir: str, iteration: int):
             max_new_tokens=config.rm.max_new_tokens, temperature=config.rm.temperature, top_p=config.rm.top_p,
             seed=derive_seed(config.run.seed, iteration, "rm_score"), hint=env_class(config.env.kind).judge_hint,
         )  # fmt: skip
+        rows = [{**row, "weights": engine.weights} for row in rows]
     out = write_table(rows, JUDGMENTS, layout.artifact(iteration, "judgments"))
     frame = pd.DataFrame(rows, columns=JUDGMENTS.names)
     metrics = {

@@ -1,6 +1,8 @@
 r"""Parsing of \boxed{...}: the RM verdict and the policy answer, one case per test."""
 
-from rlanything.algo.parsing import extract_last_boxed, parse_boxed_answer, parse_step_score
+import pytest
+
+from rlanything.algo.parsing import extract_last_boxed, parse_answer, parse_boxed_answer, parse_step_score
 
 # ---------------------------------------------------------------- extract_last_boxed
 
@@ -139,3 +141,24 @@ def test_answer_empty_box():
 
 def test_answer_whitespace_box_is_empty():
     assert parse_boxed_answer(r"\boxed{   }") == (None, "empty_box")
+
+
+# ---------------------------------------------------------------- parse_answer (last-number fallback)
+
+
+def test_fallback_reads_the_last_number_only_without_a_box():
+    assert parse_answer("3 + 4 = 7, so the answer is 7.", "last_number") == ("7", "last_number")
+    assert parse_answer("0 - 4 = -4", "last_number") == ("-4", "last_number")
+    assert parse_answer("about 2.5 apples", "last_number") == ("2.5", "last_number")
+    assert parse_answer(r"7 or \boxed{8} then 9", "last_number") == ("8", "ok")  # a box always wins
+
+
+def test_fallback_keeps_empty_boxes_and_wordless_answers_failures():
+    assert parse_answer(r"7 \boxed{ }", "last_number") == (None, "empty_box")  # the policy boxed nothing
+    assert parse_answer("no idea", "last_number") == (None, "no_box")
+    assert parse_answer("3 + 4 = 7") == (None, "no_box")  # default: boxes only
+
+
+def test_unknown_fallback_is_an_error():
+    with pytest.raises(ValueError, match="unknown answer fallback"):
+        parse_answer("7", "first_number")

@@ -54,6 +54,11 @@ def test_every_step_wrote_its_artifacts_with_their_schemas(run):
         assert adaptation.reason.str.contains("boxed").all() and adaptation.critic_summary.notna().all()
         assert (layout.checkpoint("policy", iteration) / "optimizer.pt").exists()
         assert layout.iteration_done(iteration).exists()
+        # every sample names the weights that produced it: the base, then the last checkpoint
+        for table, kind, base in ((steps, "policy", "builtin:tiny-random"), (judgments, "rm", "builtin:tiny-random?seed=1")):
+            served = resolve_model_path(base) if iteration == 0 else layout.checkpoint(kind, iteration - 1)
+            assert set(table.weights) == {str(served)}
+        assert set(outcomes.verified_by) <= {"replay", "step_cap"}
     assert layout.tasks_snapshot(2).exists()
 
 
