@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rlanything.storage.layout import STEPS
+
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names every bad key."""
@@ -38,6 +40,12 @@ class RunConfig(_Section):
     """MLflow tracking URI; default `sqlite:///<root>/mlflow.db`."""
     experiment: str = "rlanything"
     """MLflow experiment name."""
+    step_deployments: dict[Literal[STEPS], str] = {}
+    """Steps that run on a Prefect work pool instead of in the iteration's process: step name ->
+    deployment of the step flow, "flow/deployment", e.g. {rollout: rlanything-step/inference,
+    policy_update: rlanything-step/training} (README "Scheduling"). The run folder must then be
+    at the same path on a filesystem every worker sees. Not in the run's digest: where a step
+    runs changes none of its files."""
 
 
 class OptimConfig(_Section):
@@ -402,9 +410,10 @@ class Config(_Section):
 
     def digest(self) -> str:
         """Stable hash of what determines a run's artifacts (part of every step's cache key).
-        `run.iterations` is left out: extending a run must not invalidate finished steps."""
+        `run.iterations` is left out: extending a run must not invalidate finished steps; so is
+        `run.step_deployments`: moving a step to another machine changes none of its files."""
         data = self.to_dict()
-        del data["run"]["iterations"]
+        del data["run"]["iterations"], data["run"]["step_deployments"]
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

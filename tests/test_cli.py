@@ -85,7 +85,7 @@ def test_serve_without_a_prefect_server_says_what_to_do(tmp_path, monkeypatch):
 
 
 def test_prefect_yaml_deploys_the_training_flow(prefect_api_url):
-    """`prefect deploy --all` with the repository's prefect.yaml registers rlanything-train/train
+    """`prefect deploy --name train` with the repository's prefect.yaml registers rlanything-train/train
     on a process work pool, with the training flow's parameters and a working-directory pull step."""
     from prefect import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
@@ -94,7 +94,7 @@ def test_prefect_yaml_deploys_the_training_flow(prefect_api_url):
         if not any(p.name == "rlanything" for p in client.read_work_pools()):
             client.create_work_pool(WorkPoolCreate(name="rlanything", type="process"))
     env = {**os.environ, "PREFECT_API_URL": prefect_api_url, "COLUMNS": "200"}
-    done = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"], cwd=REPO, env=env,
+    done = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", "train"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     with get_client(sync_client=True) as client:

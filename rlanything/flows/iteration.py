@@ -6,17 +6,19 @@ flow, `rlanything resume`, or Retry in the UI) returns `Cached` for finished ste
 rest. A step whose output files are missing is recomputed even if a record says it finished,
 and so is every step after it. Model weights always load from the previous iteration's
 checkpoint, and randomness derives from (seed, iteration, step): a resumed iteration writes
-the same files an uninterrupted one would.
+the same files an uninterrupted one would. A step named in `run.step_deployments` first runs
+as a flow run on that deployment's work pool (`flows/steps.py`); the call here then finds its
+record: `Cached`.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from prefect import flow, get_run_logger
 
 from rlanything.flows.runlock import run_lock
+from rlanything.flows.steps import run_on_deployment
 from rlanything.storage import reports, tracking
 from rlanything.storage.layout import RunLayout
 from rlanything.tasks.adapt import adapt_tasks
@@ -28,17 +30,20 @@ from rlanything.tasks.update import policy_update, rm_update
 
 @flow(name="rlanything-iteration", flow_run_name="{run_dir}: iteration {iteration}")
 def iteration_flow(run_dir: str, iteration: int) -> dict[str, float]:
-    layout = RunLayout(Path(run_dir))
-    states: dict[str, str] = {}  # step -> final state name: Cached | Completed
+    config, layout = open_run(run_dir)
+    states: dict[str, str] = {}  # step -> final state name: Cached | Completed [on <deployment>]
     refresh = False  # once a step recomputes, every later step does too
     logger = get_run_logger()
 
     def step(task) -> dict:
         nonlocal refresh
         refresh = refresh or not all(p.exists() for p in layout.step_outputs(iteration, task.name))
-        state = task.with_options(**step_options(layout, refresh))(run_dir, iteration, return_state=True)
-        states[task.name] = state.name
-        logger.info("step %s of iteration %d: %s", task.name, iteration, state.name)  # Cached = resumed
+        remote = config.run.step_deployments.get(task.name)  # a deployment on a work pool, or None: here
+        if remote:  # runs there first and writes its record to the shared run folder; then Cached here
+            states[task.name] = run_on_deployment(remote, run_dir, iteration, task.name, refresh)
+        state = task.with_options(**step_options(layout, refresh and not remote))(run_dir, iteration, return_state=True)
+        states.setdefault(task.name, state.name)
+        logger.info("step %s of iteration %d: %s", task.name, iteration, states[task.name])  # Cached = resumed
         return state.result()  # raises if the step failed: the flow fails, finished steps stay cached
 
     with run_lock(layout.run_dir):

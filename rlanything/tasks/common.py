@@ -82,12 +82,16 @@ def inject_fault(step: str, iteration: int, phase: str) -> None:
 # ---------------------------------------------------------------- steps as Prefect tasks
 
 
-def step_cache_key(context, parameters: dict[str, Any]) -> str:
+def step_key(run_dir: str, iteration: int, step: str) -> str:
     """(cache version, run, config, iteration, step): a new flow run of the same iteration
-    finds the finished steps (Prefect's default key includes the flow-run id, which would not)."""
-    run_dir = parameters["run_dir"]
+    finds the finished steps (Prefect's default key includes the flow-run id, which would not).
+    The step's result record is the file `<run>/.prefect/results/<key>`."""
     config, _ = open_run(run_dir)
-    return f"{CACHE_VERSION}-{Path(run_dir).name}-{config.digest()}-{parameters['iteration']:04d}-{context.task.name}"
+    return f"{CACHE_VERSION}-{Path(run_dir).name}-{config.digest()}-{iteration:04d}-{step}"
+
+
+def step_cache_key(context, parameters: dict[str, Any]) -> str:
+    return step_key(parameters["run_dir"], parameters["iteration"], context.task.name)
 
 
 def step_task(name: str) -> Callable:
