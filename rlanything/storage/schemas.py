@@ -32,7 +32,7 @@ ROLLOUTS = pa.schema(
         pa.field("response_tokens", pa.int32(), nullable=False),
         pa.field("pending", pa.bool_(), nullable=False),  # a rewrite under evaluation: no training
         pa.field("screenshot", pa.string()),  # PNG of the screen after the step, relative to iter_NNNN/
-        pa.field("weights", pa.string(), nullable=False),  # the checkpoint folder that generated the step
+        pa.field("weights", pa.string(), nullable=False),  # checkpoint that generated it (run-relative) or base path
     ]
 )
 

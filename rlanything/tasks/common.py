@@ -34,6 +34,14 @@ def model_path(config: Config, layout: RunLayout, kind: str, iteration: int) -> 
     return resolve_model_path(config.policy.model if kind == "policy" else config.rm_model)
 
 
+def weights_label(layout: RunLayout, weights: str) -> str:
+    """How samples name the weights that produced them: a checkpoint of this run relative to
+    the run folder ("checkpoints/policy/iter_0000", so a moved or resumed run reads the same),
+    anything else (the base model) as an absolute path."""
+    path, run = Path(weights).resolve(), layout.run_dir.resolve()
+    return path.relative_to(run).as_posix() if path.is_relative_to(run) else str(path)
+
+
 def mlflow_run_id(layout: RunLayout) -> str:
     return (layout.run_dir / "mlflow_run_id").read_text().strip()
 

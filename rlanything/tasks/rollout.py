@@ -17,7 +17,7 @@ from rlanything.seeding import derive_seed
 from rlanything.storage.buffer import read_buffer, sample_batch
 from rlanything.storage.parquet import read_table, write_bytes, write_table
 from rlanything.storage.schemas import EPISODES, OUTCOMES, ROLLOUTS
-from rlanything.tasks.common import model_path, open_run, step_task
+from rlanything.tasks.common import model_path, open_run, step_task, weights_label
 
 
 @step_task("rollout")
@@ -44,7 +44,8 @@ def rollout(run_dir: str, iteration: int):
             answer_fallback=config.env.answer_fallback,
             save_screenshot=save_screenshot if config.env.screenshots else None, screenshot_errors=shot_errors,
         )  # fmt: skip
-        rows = [{**row, "weights": engine.weights} for row in rows]  # which weights produced each sample
+        weights = weights_label(layout, engine.weights)  # which weights produced each sample
+        rows = [{**row, "weights": weights} for row in rows]
     paths = [
         write_table(rows, ROLLOUTS, layout.artifact(iteration, "rollouts")),
         write_table(episodes, EPISODES, layout.artifact(iteration, "episodes")),

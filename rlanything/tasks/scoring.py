@@ -15,7 +15,7 @@ from rlanything.progress import progress
 from rlanything.seeding import derive_seed
 from rlanything.storage.parquet import read_table, write_table
 from rlanything.storage.schemas import ADVANTAGES, EPISODES, JUDGMENTS, OUTCOMES, ROLLOUTS
-from rlanything.tasks.common import model_path, open_run, step_task
+from rlanything.tasks.common import model_path, open_run, step_task, weights_label
 
 
 def steps_to_judge(steps: pd.DataFrame, episodes: pd.DataFrame, outcomes: pd.DataFrame) -> list[dict]:
@@ -49,7 +49,8 @@ def rm_score(run_dir: str, iteration: int):
             max_new_tokens=config.rm.max_new_tokens, temperature=config.rm.temperature, top_p=config.rm.top_p,
             seed=derive_seed(config.run.seed, iteration, "rm_score"), hint=env_class(config.env.kind).judge_hint,
         )  # fmt: skip
-        rows = [{**row, "weights": engine.weights} for row in rows]
+        weights = weights_label(layout, engine.weights)
+        rows = [{**row, "weights": weights} for row in rows]
     out = write_table(rows, JUDGMENTS, layout.artifact(iteration, "judgments"))
     frame = pd.DataFrame(rows, columns=JUDGMENTS.names)
     metrics = {

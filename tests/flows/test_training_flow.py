@@ -56,8 +56,8 @@ def test_every_step_wrote_its_artifacts_with_their_schemas(run):
         assert layout.iteration_done(iteration).exists()
         # every sample names the weights that produced it: the base, then the last checkpoint
         for table, kind, base in ((steps, "policy", "builtin:tiny-random"), (judgments, "rm", "builtin:tiny-random?seed=1")):
-            served = resolve_model_path(base) if iteration == 0 else layout.checkpoint(kind, iteration - 1)
-            assert set(table.weights) == {str(served)}
+            served = str(resolve_model_path(base).resolve()) if iteration == 0 else f"checkpoints/{kind}/iter_0000"
+            assert set(table.weights) == {served}
         assert set(outcomes.verified_by) <= {"replay", "step_cap"}
     assert layout.tasks_snapshot(2).exists()
 

@@ -45,7 +45,8 @@ def test_rollouts_after_an_update_come_from_the_new_weights(run):
     tokenizer = load_tokenizer(base)
     for iteration, served in ((0, Path(base)), (1, layout.checkpoint("policy", 0))):
         steps = read_table(layout.artifact(iteration, "rollouts"), schemas.ROLLOUTS)
-        assert len(steps) == 2 * 4 and set(steps.weights) == {str(served.resolve())}
+        name = str(served.resolve()) if iteration == 0 else "checkpoints/policy/iter_0000"  # run-relative
+        assert len(steps) == 2 * 4 and set(steps.weights) == {name}
         prompts, responses = list(steps.prompt_ids.map(list)), list(steps.response_ids.map(list))
         # the server's log-probs are those of the weights it names, not of the other model
         for weights, same in ((served, True), (Path(base) if iteration else layout.checkpoint("policy", 0), False)):
