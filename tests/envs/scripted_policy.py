@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+from rlanything.envs import make_env
 from rlanything.models.engine import Generation
+from rlanything.models.rollout import play
+from rlanything.tasks.rollout import replay_outcome
 
 
 def user_messages(prompt_text: str) -> list[str]:
@@ -64,3 +67,17 @@ def tasks_of(specs: list[dict]) -> list[dict]:
     """Buffer-like task dicts for `play` (ids as the rollout task gives them)."""
     return [{"task_id": f"s{k:03d}v00", "slot": k, "version": 0, "spec": spec, "pending": False}
             for k, spec in enumerate(specs)]  # fmt: skip
+
+
+def play_and_verify(config, tokenizer, specs: list[dict], plans: dict[str, list[str]], max_steps: int,
+                    max_new_tokens: int = 32) -> tuple[list[dict], list[dict], list[int]]:  # fmt: skip
+    """`play` one rollout per spec with `plan_policy(plans)`, then the verify path's replay of
+    every trajectory's actions in a fresh environment. -> (step rows, episodes, outcomes)."""
+    rows, episodes = play(plan_policy(tokenizer, plans), tokenizer, lambda: make_env(config), tasks_of(specs),
+                          group_size=1, max_steps=max_steps, max_new_tokens=max_new_tokens, temperature=1.0,
+                          top_p=1.0, seed=0)  # fmt: skip
+    outcomes = []
+    for ep in episodes:
+        actions = [r["action"] for r in sorted(rows, key=lambda r: r["step_idx"]) if r["traj_id"] == ep["traj_id"]]
+        outcomes.append(replay_outcome(config, specs[ep["traj_id"]], actions))
+    return rows, episodes, outcomes

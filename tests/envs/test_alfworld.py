@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scripted_policy import plan_policy, tasks_of
+import scripted_policy
 
 from rlanything.config import build_config
 from rlanything.envs import initial_specs, make_env
@@ -65,16 +65,8 @@ def alf_config(root, n=2, max_steps=8):
 
 
 def play_and_verify(config, tokenizer, specs, plans, max_steps):
-    from rlanything.models.rollout import play
-    from rlanything.tasks.rollout import replay_outcome
-
-    rows, episodes = play(plan_policy(tokenizer, plans), tokenizer, lambda: make_env(config), tasks_of(specs),
-                          group_size=1, max_steps=max_steps, max_new_tokens=32, temperature=1.0, top_p=1.0,
-                          seed=0)  # fmt: skip
-    outcomes = []
-    for ep in episodes:
-        actions = [r["action"] for r in sorted(rows, key=lambda r: r["step_idx"]) if r["traj_id"] == ep["traj_id"]]
-        outcomes.append(replay_outcome(config, specs[ep["traj_id"]], actions))
+    """-> (step rows, each episode's termination, replayed outcomes)."""
+    rows, episodes, outcomes = scripted_policy.play_and_verify(config, tokenizer, specs, plans, max_steps)
     return rows, [e["termination"] for e in episodes], outcomes
 
 

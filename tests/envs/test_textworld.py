@@ -8,14 +8,12 @@ import pytest
 
 pytest.importorskip("textworld", reason="textworld is not installed (pip install textworld==1.7.0)")
 
-from scripted_policy import listed_commands, plan_policy, tasks_of  # noqa: E402
+from scripted_policy import listed_commands, play_and_verify  # noqa: E402
 
 from rlanything.config import build_config  # noqa: E402
 from rlanything.envs import initial_specs, make_env  # noqa: E402
 from rlanything.envs.textgame import resolve_command  # noqa: E402
 from rlanything.envs.textworld import TextWorldEnv, game_file, spec_key, walkthrough  # noqa: E402
-from rlanything.models.rollout import play  # noqa: E402
-from rlanything.tasks.rollout import replay_outcome  # noqa: E402
 
 SMALL = {"world_size": 2, "nb_objects": 3, "quest_length": 2}
 
@@ -33,14 +31,7 @@ def tw_config(games, n=2, max_steps=6, **textworld):
 
 def run(config, tokenizer, specs, plans, max_steps):
     """play() with a scripted policy, then the verify path's replay for every trajectory."""
-    rows, episodes = play(plan_policy(tokenizer, plans), tokenizer, lambda: make_env(config), tasks_of(specs),
-                          group_size=1, max_steps=max_steps, max_new_tokens=32, temperature=1.0, top_p=1.0,
-                          seed=0)  # fmt: skip
-    outcomes = []
-    for ep in episodes:
-        actions = [r["action"] for r in sorted(rows, key=lambda r: r["step_idx"]) if r["traj_id"] == ep["traj_id"]]
-        outcomes.append(replay_outcome(config, specs[ep["traj_id"]], actions))
-    return rows, episodes, outcomes
+    return play_and_verify(config, tokenizer, specs, plans, max_steps)
 
 
 def first_observations(config, specs):
