@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 import pyarrow as pa
@@ -25,22 +26,20 @@ def write_table(rows: pd.DataFrame | list[dict], schema: pa.Schema, path: Path) 
     if missing or extra:
         raise ValueError(f"{path.name}: columns differ from schema (missing {sorted(missing)}, extra {sorted(extra)})")
     table = pa.Table.from_pandas(frame[schema.names], schema=schema, preserve_index=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return _atomic(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def write_bytes(data: bytes, path: Path) -> Path:
     """Write a small binary file (a screenshot) atomically, like `write_table`."""
+    return _atomic(path, lambda tmp: tmp.write_bytes(data))
+
+
+def _atomic(path: Path, write: Callable[[Path], object]) -> Path:
+    """`write(tmp)` to a temp file beside `path`, then rename it over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        tmp.write_bytes(data)
+        write(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
