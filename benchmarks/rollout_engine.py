@@ -12,7 +12,7 @@ Compared, in one process, on the same prompts and seeds:
   engine     rlanything's TransformersEngine (log-probs recorded step by step, StepLogprobs)
   engine16   the same in bfloat16 (--bf16)
   vllm       VllmEngine on a vLLM server (when RLANYTHING_VLLM_PYTHON names a vLLM venv's python;
-             server start not timed)
+             server start not timed); vllm16 with --bf16 (the server in bfloat16)
 and the FLOP ceiling: 2·params FLOPs per token (prompt + generated) at the matmul FLOP/s measured
 here. Printed: seconds, tokens/s, time ratio to `plain`, and the fraction of the ceiling reached.
 Also checks that `engine` samples the same tokens as `plain` and records the same log-probs as
@@ -132,9 +132,9 @@ def main() -> None:
         cfg = VllmConfig(python=os.environ["RLANYTHING_VLLM_PYTHON"], max_model_len=2048, gpu_memory_utilization=1.0 if not torch.cuda.is_available() else 0.5,
                          extra_args=["--enforce-eager"] if not torch.cuda.is_available() else [], env={"VLLM_CPU_KVCACHE_SPACE": "2"})  # fmt: skip
         start = time.perf_counter()
-        server = VllmServer(cfg, path, "float32")
+        server = VllmServer(cfg, path, "bfloat16" if args.bf16 else "float32")
         print(f"   vllm server ready in {time.perf_counter() - start:.0f} s (not counted)")
-        engines["vllm"] = VllmEngine(server, tokenizer, engines["engine"].eos_ids, concurrency=args.episodes)
+        engines["vllm16" if args.bf16 else "vllm"] = VllmEngine(server, tokenizer, engines["engine"].eos_ids, concurrency=args.episodes)
 
     play({"plain": engines["plain"]}, tokenizer, args.episodes, 1, 4)  # warm-up (allocations, kernels)
     results = play(engines, tokenizer, args.episodes, args.turns, args.new_tokens)
@@ -148,7 +148,7 @@ def main() -> None:
     print(f"   {'engine':9s} {'seconds':>8s} {'new tok/s':>10s} {'time/plain':>11s} {'of ceiling':>11s}")
     for name, (seconds, _, prompt_tokens, new) in results.items():
         flops = 2 * params * (prompt_tokens + new)  # every prompt and generated token crosses the model once
-        peak = ceiling16 if name == "engine16" else ceiling
+        peak = ceiling16 if name.endswith("16") else ceiling
         print(f"   {name:9s} {seconds:8.2f} {new / seconds:10.1f} {seconds / base:11.2f} {flops / peak / seconds:11.1%}")
     same_tokens = all(
         [g.token_ids for g in a] == [g.token_ids for g in b]

@@ -21,7 +21,8 @@ the whole batch in one micro-batch, fp32 weights (bf16 weights with --bf16) on b
   trl    GRPOTrainer (TRL in its own venv, benchmarks/_trl_worker.py in a subprocess):
          num_generations=group, one generation batch per optimizer step, num_iterations=1
          (no extra old-log-prob forward, as ours), beta=0, loss_type grpo, no gradient
-         checkpointing and no bf16 autocast (TRL's defaults turn both on; off here to match ours).
+         checkpointing and no bf16 autocast (TRL's defaults turn both on; off here to match ours),
+         fused AdamW (`optim="adamw_torch_fused"`, as ours; TRL's default is the multi-tensor one).
   flow   (--flow) our real `rlanything train` with configs/smollm2-arith.yaml at these sizes and
          algo.lam=0: each step's own time from summary.json. Its iteration also reloads and saves
          checkpoints and runs rm_score, rm_update and adapt_tasks, which TRL has no counterpart

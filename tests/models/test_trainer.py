@@ -82,3 +82,23 @@ def test_checkpoint_round_trips_weights_and_optimizer(tiny_model_path, tiny_toke
     resumed = make_optimizer(again, lr=1e-3, weight_decay=0.0, state_path=tmp_path / "ckpt" / "optimizer.pt")
     state = next(iter(resumed.state.values()))
     assert int(state["step"]) == 1 and state["exp_avg"].abs().sum() > 0
+
+
+def test_adamw_is_fused_and_a_resumed_state_takes_the_same_step(tiny_model_path, tiny_tokenizer, tmp_path):
+    """The fused kernel (one pass per tensor) is used on CPU, also after loading a state saved by
+    the multi-tensor optimizer, and steps exactly like torch's reference AdamW up to rounding."""
+    model, samples = batch(tiny_model_path, tiny_tokenizer)
+    reference = load_model(tiny_model_path)
+    fused = make_optimizer(model, lr=1e-3, weight_decay=0.1)
+    plain = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.1, foreach=False)
+    assert fused.param_groups[0]["fused"] is True
+    for m, opt in ((model, fused), (reference, plain)):
+        ppo_update(m, opt, samples, pad_id=tiny_tokenizer.pad_token_id, temperature=1.0, clip_eps=0.2,
+                   kl_beta=0.0, grad_clip=1.0, updates=2, micro_batch_size=4, seed=0)  # fmt: skip
+    for (name, a), b in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(a, b, atol=1e-6), name
+    torch.save(plain.state_dict(), tmp_path / "optimizer.pt")  # saved with foreach=False, fused=None
+    resumed = make_optimizer(reference, lr=2e-3, weight_decay=0.0, state_path=tmp_path / "optimizer.pt")
+    group = resumed.param_groups[0]
+    assert (group["fused"], group["foreach"], group["lr"], group["weight_decay"]) == (True, None, 2e-3, 0.0)
+    assert int(next(iter(resumed.state.values()))["step"]) == 2
