@@ -1,10 +1,11 @@
 """Rollout engine throughput on a multi-turn-like workload, against baselines timed in this run.
 
-    python benchmarks/rollout_engine.py [--episodes 16] [--turns 2] [--new-tokens 24] [--bf16]
+    python benchmarks/rollout_engine.py [--episodes 16] [--group 4] [--turns 2] [--new-tokens 24] [--bf16]
 
-Workload: `episodes` chats play `turns` turns; each turn's prompt is the chat so far (system +
-task + earlier replies + a fixed observation), so prompts grow like a multi-turn rollout's and
-every turn is one batched generation of `new-tokens` tokens at temperature 1.
+Workload: `episodes` chats, `group` of them per task (an RL rollout plays each task G times),
+play `turns` turns; each turn's prompt is the chat so far (system + task + earlier replies + a
+fixed observation), so prompts grow like a multi-turn rollout's, a task's G episodes share their
+first prompt, and every turn is one batched generation of `new-tokens` tokens at temperature 1.
 
 Compared, in one process, on the same prompts and seeds:
   plain      `model.generate` batched the same way, no log-probs (the floor of any HF engine)
@@ -79,12 +80,12 @@ class OutputLogits(TransformersEngine):
         return results
 
 
-def play(engines: dict, tokenizer, episodes: int, turns: int, new_tokens: int) -> dict:
+def play(engines: dict, tokenizer, episodes: int, group: int, turns: int, new_tokens: int) -> dict:
     """Every engine plays the same turns, interleaved: turn t's prompts are built from the
     `plain` engine's replies, and within a turn the engines run one after another in a rotating
     order, so load from other processes falls on all of them alike.
     -> {name: (seconds, generations per turn, prompt tokens, generated tokens)}."""
-    observations = [[f"Task {e}: put the apple in the fridge. {OBSERVATION}"] for e in range(episodes)]
+    observations = [[f"Task {e // group}: put the apple in the fridge. {OBSERVATION}"] for e in range(episodes)]
     responses: list[list[str]] = [[] for _ in range(episodes)]
     results = {name: [0.0, [], 0, 0] for name in engines}
     names = list(engines)
@@ -108,11 +109,13 @@ def play(engines: dict, tokenizer, episodes: int, turns: int, new_tokens: int) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=16)
+    parser.add_argument("--group", type=int, default=4, help="episodes per task (G)")
     parser.add_argument("--turns", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--bf16", action="store_true", help="also time the engine in bfloat16")
     args = parser.parse_args()
-    header(f"rollout engine: SmolLM2-135M, {args.episodes} episodes × {args.turns} turns × {args.new_tokens} new tokens")
+    header(f"rollout engine: SmolLM2-135M, {args.episodes} episodes (G={args.group}) × {args.turns} turns × "
+           f"{args.new_tokens} new tokens")  # fmt: skip
     path = smollm2_model_dir()
     tokenizer = load_tokenizer(path)
     model = load_model(path)
@@ -136,8 +139,8 @@ def main() -> None:
         print(f"   vllm server ready in {time.perf_counter() - start:.0f} s (not counted)")
         engines["vllm16" if args.bf16 else "vllm"] = VllmEngine(server, tokenizer, engines["engine"].eos_ids, concurrency=args.episodes)
 
-    play({"plain": engines["plain"]}, tokenizer, args.episodes, 1, 4)  # warm-up (allocations, kernels)
-    results = play(engines, tokenizer, args.episodes, args.turns, args.new_tokens)
+    play({"plain": engines["plain"]}, tokenizer, args.episodes, args.group, 1, 4)  # warm-up (allocations, kernels)
+    results = play(engines, tokenizer, args.episodes, args.group, args.turns, args.new_tokens)
     if server is not None:
         server.close()
     ceiling = matmul_ceiling(torch.float32)

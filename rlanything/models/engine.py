@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from rlanything.algo.losses import token_logprobs
 
@@ -126,10 +126,12 @@ class TransformersEngine:
         results: list[Generation | None] = [None] * len(prompts)
         for b, idx in enumerate(self._batches(prompts)):
             ids, attn = left_pad([prompts[i] for i in idx], self.pad_id)
+            ids, attn = ids.to(self.model.device), attn.to(self.model.device)
+            cache = self._shared_prefill(ids, attn)
             torch.manual_seed(seed + b)
             recorder = StepLogprobs(temperature)
             sequences = self.model.generate(
-                input_ids=ids.to(self.model.device), attention_mask=attn.to(self.model.device),
+                input_ids=ids, attention_mask=attn, past_key_values=cache,
                 generation_config=config, logits_processor=LogitsProcessorList([recorder]),
             )  # fmt: skip
             new = sequences[:, ids.shape[1] :]  # (B, S)
@@ -138,6 +140,29 @@ class TransformersEngine:
                 results[i] = self._finish(new[row].tolist(), logprobs[row].tolist())
             self.on_batch(len(idx))
         return results
+
+    def _shared_prefill(self, ids: torch.Tensor, attn: torch.Tensor) -> DynamicCache | None:
+        """KV cache of every row's prompt but its last token, computed once per distinct prompt
+        and copied to the rows that repeat it -> None when no prompt repeats.
+
+        The G rollouts of a task share their first prompt and the m judgments of a step share
+        theirs, so a batch is mostly repeats: without this, generate would run the same prefill
+        G (or m) times. generate then feeds only the last prompt token on top of the cache.
+        ids, attn: (B, L) left-padded."""
+        rows = [tuple(r) for r in ids.tolist()]
+        first: dict[tuple, int] = {}
+        for row, tokens in enumerate(rows):
+            first.setdefault(tokens, row)
+        if len(first) == len(rows) or ids.shape[1] < 2:
+            return None
+        unique = torch.tensor(list(first.values()), device=ids.device)
+        source = torch.tensor([list(first).index(t) for t in rows], device=ids.device)
+        prefix_ids, prefix_attn = ids[unique, :-1], attn[unique, :-1]
+        cache = DynamicCache(config=self.model.config)
+        self.model(input_ids=prefix_ids, attention_mask=prefix_attn, past_key_values=cache, use_cache=True,
+                   position_ids=(prefix_attn.cumsum(-1) - 1).clamp(min=0), logits_to_keep=1)  # fmt: skip
+        cache.reorder_cache(source)  # row r gets its prompt's cache (an index_select on the batch)
+        return cache
 
     def _finish(self, tokens: list[int], logprobs: list[float]) -> Generation:
         end = next((k for k, t in enumerate(tokens) if t in self.eos_ids), None)

@@ -67,3 +67,34 @@ def test_low_temperature_concentrates(engine, tiny_tokenizer):
     again = engine.generate(ps, max_new_tokens=6, temperature=0.05, top_p=1.0, seed=99)
     assert [g.token_ids for g in cold] == [g.token_ids for g in again]  # ~greedy whatever the seed
     assert all(lp > -0.5 for g in cold for lp in g.logprobs)
+
+
+def test_repeated_prompts_share_one_prefill_and_sample_as_before(engine, tiny_tokenizer):
+    """G rollouts of a task (m judgments of a step) repeat a prompt: its prefill runs once per
+    distinct prompt, and the samples and log-probs are those of separate prefills."""
+
+    class Separate(TransformersEngine):
+        def _shared_prefill(self, ids, attn):
+            return None
+
+    ps = prompts(tiny_tokenizer, 2)
+    batch = [ps[0], ps[1], ps[0], ps[0], ps[1], ps[1]]  # sorted by length into batches of 3
+    separate = Separate(engine.model, tiny_tokenizer, batch_size=3)
+    shapes = []
+    hook = engine.model.register_forward_pre_hook(lambda m, args, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                                  with_kwargs=True)  # fmt: skip
+    try:
+        shared = engine.generate(batch, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=4)
+    finally:
+        hook.remove()
+    width = max(map(len, ps))
+    prefills = [s for s in shapes if s[1] > 1]
+    assert prefills and all(s[0] < 3 and s[1] == width - 1 for s in prefills)  # distinct prompts only, all but the last token
+    assert all(s[1] == 1 for s in shapes if s not in prefills)  # generate itself only decodes
+    alone = separate.generate(batch, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=4)
+    assert [g.token_ids for g in shared] == [g.token_ids for g in alone]
+    for a, b in zip(shared, alone):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    scored = engine.score(batch, [g.token_ids for g in shared], temperature=1.0)
+    for s, g in zip(scored, shared):
+        assert s == pytest.approx(g.logprobs, abs=1e-4)
