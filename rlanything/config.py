@@ -13,8 +13,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
+import fsspec.core
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rlanything.storage.layout import STEPS
 
@@ -31,7 +32,8 @@ class RunConfig(_Section):
     name: str = "tiny"
     """Run name; artifacts go to `<root>/<name>/`. Re-using a name resumes that run."""
     root: str = "runs"
-    """Folder holding all runs (and, by default, the MLflow SQLite store `mlflow.db`)."""
+    """Folder holding all runs (and, by default, the MLflow SQLite store `mlflow.db`): a path, or
+    the fsspec URL of a filesystem mounted here (`file:///mnt/shared/runs`)."""
     seed: int = 0
     """Master seed; every step's randomness derives from (seed, iteration, step)."""
     iterations: int = Field(2, ge=1)
@@ -46,6 +48,20 @@ class RunConfig(_Section):
     policy_update: rlanything-step/training} (README "Scheduling"). The run folder must then be
     at the same path on a filesystem every worker sees. Not in the run's digest: where a step
     runs changes none of its files."""
+
+    @field_validator("root")
+    @classmethod
+    def _mounted_root(cls, root: str) -> str:
+        # Workers on other machines reach the run folder at the same path (NFS or alike). Object
+        # stores (s3://, gs://, …) are refused: transformers, vLLM and DeepSpeed load checkpoints
+        # from folders, and Prefect's result records and the run lock need a filesystem.
+        protocol, path = fsspec.core.split_protocol(root)
+        if protocol in (None, "file", "local"):
+            return path
+        raise ValueError(
+            f"{root!r} is on {protocol}://, which rlanything cannot train in: use a local path or a "
+            "shared filesystem mounted at the same path on every machine (file:// URLs are accepted)"
+        )
 
 
 class OptimConfig(_Section):

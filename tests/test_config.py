@@ -91,3 +91,15 @@ def test_digest_ignores_iterations_only():
 def test_flatten_for_mlflow_params():
     flat = flatten(build_config({}).to_dict())
     assert flat["policy.optim.lr"] == 1e-5 and flat["algo.band"] == [0.2, 0.8]
+
+
+def test_run_root_is_a_path_or_a_mounted_filesystem_url(tmp_path):
+    """A file:// URL names the same folder as its path (same run, same digest); an object store
+    is refused with the reason, not half-written to."""
+    url = build_config({"run": {"root": f"file://{tmp_path}/runs"}})
+    path = build_config({"run": {"root": f"{tmp_path}/runs"}})
+    assert url.run.root == f"{tmp_path}/runs" and url.run_dir == path.run_dir == tmp_path / "runs" / "tiny"
+    assert url.digest() == path.digest()
+    assert url.mlflow_uri == f"sqlite:///{tmp_path}/runs/mlflow.db"
+    with pytest.raises(ConfigError, match=r"run.root.*s3://.*shared filesystem mounted"):
+        build_config({"run": {"root": "s3://bucket/runs"}})
