@@ -149,19 +149,16 @@ class TransformersEngine:
         theirs, so a batch is mostly repeats: without this, generate would run the same prefill
         G (or m) times. generate then feeds only the last prompt token on top of the cache.
         ids, attn: (B, L) left-padded."""
-        rows = [tuple(r) for r in ids.tolist()]
-        first: dict[tuple, int] = {}
-        for row, tokens in enumerate(rows):
-            first.setdefault(tokens, row)
-        if len(first) == len(rows) or ids.shape[1] < 2:
+        slot: dict[tuple, int] = {}  # distinct prompt -> its index among the distinct ones
+        source = [slot.setdefault(tuple(r), len(slot)) for r in ids.tolist()]  # row -> its prompt's index
+        if len(slot) == len(source) or ids.shape[1] < 2:
             return None
-        unique = torch.tensor(list(first.values()), device=ids.device)
-        source = torch.tensor([list(first).index(t) for t in rows], device=ids.device)
+        unique = torch.tensor([source.index(k) for k in range(len(slot))], device=ids.device)  # first rows
         prefix_ids, prefix_attn = ids[unique, :-1], attn[unique, :-1]
         cache = DynamicCache(config=self.model.config)
         self.model(input_ids=prefix_ids, attention_mask=prefix_attn, past_key_values=cache, use_cache=True,
                    position_ids=(prefix_attn.cumsum(-1) - 1).clamp(min=0), logits_to_keep=1)  # fmt: skip
-        cache.reorder_cache(source)  # row r gets its prompt's cache (an index_select on the batch)
+        cache.reorder_cache(torch.tensor(source, device=ids.device))  # index_select: row r gets its prompt's cache
         return cache
 
     def _finish(self, tokens: list[int], logprobs: list[float]) -> Generation:
