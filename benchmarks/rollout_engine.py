@@ -10,12 +10,17 @@ first prompt, and every turn is one batched generation of `new-tokens` tokens at
 Compared, in one process, on the same prompts and seeds:
   plain      `model.generate` batched the same way, no log-probs (the floor of any HF engine)
   logits     the previous engine: generate(output_logits=True) + log-softmax of the stacked logits
-  engine     rlanything's TransformersEngine (log-probs recorded step by step, StepLogprobs)
+  engine     rlanything's TransformersEngine (log-probs recorded step by step, a prompt repeated
+             in a batch prefilled once, each episode's KV kept from turn to turn: PrefixCache)
   engine16   the same in bfloat16 (--bf16)
   vllm       VllmEngine on a vLLM server (when RLANYTHING_VLLM_PYTHON names a vLLM venv's python;
              server start not timed); vllm16 with --bf16 (the server in bfloat16)
-and the FLOP ceiling: 2·params FLOPs per token (prompt + generated) at the matmul FLOP/s measured
-here. Printed: seconds, tokens/s, time ratio to `plain`, and the fraction of the ceiling reached.
+and the FLOP ceiling: 2·params FLOPs per token at the matmul FLOP/s measured here. Printed:
+seconds, tokens/s, time ratio to `plain`, and two fractions of the ceiling: `run`, the tokens
+the model really ran (non-pad tokens fed to its forward, counted by a hook: hardware use; a
+prompt prefix an engine reused is not run; vLLM's server is not hooked, so its figure counts
+every prompt and generated token once) and `effective`, the workload's tokens (every prompt and
+generated token once: what `plain` has to run) over the engine's time.
 Also checks that `engine` samples the same tokens as `plain` and records the same log-probs as
 `logits` (so the speed-up is not bought with different numbers).
 """
@@ -35,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import header, matmul_ceiling, params_of  # noqa: E402
 
 from rlanything.algo.losses import token_logprobs  # noqa: E402
-from rlanything.models.engine import TransformersEngine, left_pad  # noqa: E402
+from rlanything.models.engine import PrefixCache, TransformersEngine, left_pad  # noqa: E402
 from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
 from rlanything.models.prompts import policy_messages, render  # noqa: E402
 
@@ -84,25 +89,40 @@ def play(engines: dict, tokenizer, episodes: int, group: int, turns: int, new_to
     """Every engine plays the same turns, interleaved: turn t's prompts are built from the
     `plain` engine's replies, and within a turn the engines run one after another in a rotating
     order, so load from other processes falls on all of them alike.
-    -> {name: (seconds, generations per turn, prompt tokens, generated tokens)}."""
+    -> {name: (seconds, generations per turn, prompt tokens, generated tokens, tokens fed)}."""
     observations = [[f"Task {e // group}: put the apple in the fridge. {OBSERVATION}"] for e in range(episodes)]
     responses: list[list[str]] = [[] for _ in range(episodes)]
-    results = {name: [0.0, [], 0, 0] for name in engines}
-    names = list(engines)
+    results = {name: [0.0, [], 0, 0, 0] for name in engines}
+    names, running = list(engines), [None]
+
+    def count(model, args, kwargs):  # non-pad tokens this forward feeds (its last S mask columns)
+        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
+        results[running[0]][4] += ids.numel() if mask is None else int(mask[:, -ids.shape[1] :].sum())
+
+    models = {id(e.model): e.model for e in engines.values() if hasattr(e, "model")}
+    hooks = [m.register_forward_pre_hook(count, with_kwargs=True) for m in models.values()]
+    # rlanything's engine keeps each episode's KV from turn to turn, as `rollout.play` does
+    reuse = {name: {"prefix_cache": PrefixCache()} for name, e in engines.items() if type(e) is TransformersEngine}
     for turn in range(turns):
         prompts = [render(tokenizer, policy_messages(SYSTEM, observations[e], responses[e]))[1] for e in range(episodes)]
         for name in names[turn % len(names) :] + names[: turn % len(names)]:
-            start = time.perf_counter()
-            gens = engines[name].generate(prompts, max_new_tokens=new_tokens, temperature=1.0, top_p=1.0, seed=1000 * turn)
+            running[0], start = name, time.perf_counter()
+            gens = engines[name].generate(prompts, max_new_tokens=new_tokens, temperature=1.0, top_p=1.0,
+                                          seed=1000 * turn, **reuse.get(name, {}))  # fmt: skip
             result = results[name]
             result[0] += time.perf_counter() - start
             result[1].append(gens)
-            result[2] += sum(map(len, prompts))
-            result[3] += sum(len(g.token_ids) for g in gens)
+            prompt_tokens, new = sum(map(len, prompts)), sum(len(g.token_ids) for g in gens)
+            result[2] += prompt_tokens
+            result[3] += new
+            if not hasattr(engines[name], "model"):  # a server: every token once
+                result[4] += prompt_tokens + new
         print(f"   ... turn {turn}: " + ", ".join(f"{n} {results[n][0]:.1f} s" for n in names), flush=True)
         for e, g in enumerate(results["plain"][1][-1]):
             responses[e].append(g.text)
             observations[e].append(OBSERVATION)
+    for hook in hooks:
+        hook.remove()
     return {name: tuple(r) for name, r in results.items()}
 
 
@@ -148,11 +168,11 @@ def main() -> None:
 
     base = results["plain"][0]
     print(f"   matmul ceiling fp32 {ceiling / 1e9:.0f} GFLOP/s" + (f", bf16 {ceiling16 / 1e9:.0f} GFLOP/s" if ceiling16 else ""))
-    print(f"   {'engine':9s} {'seconds':>8s} {'new tok/s':>10s} {'time/plain':>11s} {'of ceiling':>11s}")
-    for name, (seconds, _, prompt_tokens, new) in results.items():
-        flops = 2 * params * (prompt_tokens + new)  # every prompt and generated token crosses the model once
-        peak = ceiling16 if name.endswith("16") else ceiling
-        print(f"   {name:9s} {seconds:8.2f} {new / seconds:10.1f} {seconds / base:11.2f} {flops / peak / seconds:11.1%}")
+    print(f"   {'engine':9s} {'seconds':>8s} {'new tok/s':>10s} {'time/plain':>11s} {'of ceiling: run':>16s} {'effective':>10s}")
+    for name, (seconds, _, prompt_tokens, new, fed) in results.items():
+        peak = (ceiling16 if name.endswith("16") else ceiling) * seconds / (2 * params)  # tokens at the ceiling
+        print(f"   {name:9s} {seconds:8.2f} {new / seconds:10.1f} {seconds / base:11.2f} {fed / peak:16.1%} "
+              f"{(prompt_tokens + new) / peak:10.1%}")  # fmt: skip
     same_tokens = all(
         [g.token_ids for g in a] == [g.token_ids for g in b]
         for a, b in zip(results["plain"][1], results["engine"][1])

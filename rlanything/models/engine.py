@@ -10,11 +10,12 @@ same code path).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.cache_utils import DynamicLayer
 
 from rlanything.algo.losses import token_logprobs
 
@@ -27,12 +28,51 @@ class Generation:
     finish_reason: str  # "stop" (hit EOS) | "length" (hit max_new_tokens)
 
 
+@dataclass
+class PrefixCache:
+    """The KV cache of the rows a multi-turn caller generated in its last call, kept for the next.
+
+    Turn t's prompt is turn t-1's prompt + the reply + the new observation, so its longest
+    common prefix with a kept row (prompt + generated tokens) needs no prefill: prefill per
+    turn grows with the new tokens, not with the whole history. The KV is only valid for the
+    weights that computed it: a caller owns one for one rollout (`rollout.play`) or one set of
+    judgments (`judge.judge_steps`: the constrained verdict scores prompt + reasoning again)
+    and never keeps it across an update. The engine keeps rows up to its byte budget; rows past
+    it are prefilled again. Engines without such a cache ignore it (vLLM caches prefixes
+    itself). rows: (tokens, keys (layers, kv_heads, n, head_dim), values) per kept row."""
+
+    rows: list[tuple[list[int], torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+    def match(self, prompts: list[list[int]]) -> list[tuple[int, int]]:
+        """-> (kept row, reusable tokens) per prompt: the kept row with the longest common
+        prefix, capped at len(prompt) - 1 so generate still has a token to feed."""
+        if not self.rows:
+            return [(0, 0)] * len(prompts)
+        kept, _ = left_pad([t[::-1] for t, _, _ in self.rows], -1)  # right-padded with -1
+        new, _ = left_pad([p[::-1] for p in prompts], -2)
+        kept, new = kept.flip(-1), new.flip(-1)
+        width = min(kept.shape[1], new.shape[1])
+        chunk = max(1, 2**24 // (len(self.rows) * (width + 1)))  # bounds the (chunk, rows, width) comparison
+        found = []
+        for start in range(0, len(prompts), chunk):
+            equal = new[start : start + chunk, None, :width] == kept[None, :, :width]
+            mismatch = torch.cat([~equal, equal.new_ones(equal.shape[:2] + (1,))], -1)
+            found.append(mismatch.to(torch.uint8).argmax(-1))  # first mismatch = common prefix length
+        common = torch.cat(found)  # (N, rows)
+        length, row = common.max(dim=1)
+        return [(int(r), min(int(k), len(p) - 1)) for r, k, p in zip(row, length, prompts)]
+
+
 class GenerationEngine(Protocol):
     def generate(
-        self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float, seed: int
+        self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float, seed: int,
+        prefix_cache: PrefixCache | None = None,
     ) -> list[Generation]: ...
 
-    def score(self, prompts: list[list[int]], continuations: list[list[int]], *, temperature: float) -> list[list[float]]:
+    def score(
+        self, prompts: list[list[int]], continuations: list[list[int]], *, temperature: float,
+        prefix_cache: PrefixCache | None = None,
+    ) -> list[list[float]]:
         """Teacher-forced log-probs of each continuation after its prompt."""
         ...
 
@@ -104,8 +144,9 @@ class TransformersEngine:
     """Batched `model.generate` on CPU or GPU, sorted by prompt length to limit padding."""
 
     def __init__(self, model, tokenizer, batch_size: int = 32, on_batch: Callable[[int], None] | None = None,
-                 weights: str = ""):  # fmt: skip
+                 weights: str = "", keep_bytes: float = float("inf")):  # fmt: skip
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.keep_bytes = keep_bytes  # KV a PrefixCache may hold (config: kv_reuse_gb)
         self.weights = weights  # the folder the model was loaded from (recorded with every sample)
         self.on_batch = on_batch or (lambda n: None)
         eos = model.generation_config.eos_token_id
@@ -118,16 +159,24 @@ class TransformersEngine:
         return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
 
     @torch.no_grad()
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed):
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed, prefix_cache=None):
         config = GenerationConfig(
             do_sample=True, temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
             pad_token_id=self.pad_id, eos_token_id=self.eos_ids,
         )  # fmt: skip
         results: list[Generation | None] = [None] * len(prompts)
+        kept = []  # this call's rows for the next call's prefix_cache
         for b, idx in enumerate(self._batches(prompts)):
-            ids, attn = left_pad([prompts[i] for i in idx], self.pad_id)
-            ids, attn = ids.to(self.model.device), attn.to(self.model.device)
-            cache = self._shared_prefill(ids, attn)
+            batch = [prompts[i] for i in idx]
+            reused = self._reuse(batch, prefix_cache, prefix_cache.match(batch)) if prefix_cache is not None else None
+            if reused is not None:
+                cache, ids, attn = reused
+            else:
+                ids, attn = left_pad(batch, self.pad_id)
+                ids, attn = ids.to(self.model.device), attn.to(self.model.device)
+                cache = self._shared_prefill(ids, attn)
+                if cache is None and prefix_cache is not None:
+                    cache = DynamicCache(config=self.model.config)  # ours, so its KV can be kept
             torch.manual_seed(seed + b)
             recorder = StepLogprobs(temperature)
             sequences = self.model.generate(
@@ -138,8 +187,65 @@ class TransformersEngine:
             logprobs = recorder.finish(new)  # (B, S), from the logits that sampled each token
             for row, i in enumerate(idx):
                 results[i] = self._finish(new[row].tolist(), logprobs[row].tolist())
+            if prefix_cache is not None:
+                budget = self.keep_bytes - sum(k.nbytes + v.nbytes for _, k, v in kept)
+                kept += self._keep(cache, sequences, attn, [prompts[i] + results[i].token_ids for i in idx], budget)
             self.on_batch(len(idx))
+        if prefix_cache is not None:
+            prefix_cache.rows = kept
         return results
+
+    def _reuse(self, batch: list[list[int]], prefix_cache: PrefixCache, match: list[tuple[int, int]]):
+        """-> (cache, ids, attn) for a batch whose sequences extend rows of `prefix_cache` by
+        `match` ((row, reused tokens) per sequence), or None when none does. Row n's reused KV is right-aligned in the first K columns and the rest
+        of its prompt left-padded in the last S: pad columns between the two are masked out and
+        position ids follow the mask (as generate computes them), so the model sees each prompt
+        at the positions it would have without reuse."""
+        if not any(k for _, k in match):
+            return None
+        reused = max(k for _, k in match)
+        rest = max(len(p) - k for p, (_, k) in zip(batch, match))
+        ids = torch.full((len(batch), reused + rest), self.pad_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        _, keys0, _ = prefix_cache.rows[0]
+        layers, heads, _, dim = keys0.shape
+        keys = keys0.new_zeros((layers, len(batch), heads, reused, dim))
+        values = torch.zeros_like(keys)
+        for n, (prompt, (row, k)) in enumerate(zip(batch, match)):
+            ids[n, reused - k : reused] = torch.tensor(prompt[:k], dtype=torch.long)
+            ids[n, ids.shape[1] - (len(prompt) - k) :] = torch.tensor(prompt[k:], dtype=torch.long)
+            attn[n, reused - k : reused] = 1
+            attn[n, ids.shape[1] - (len(prompt) - k) :] = 1
+            if k:
+                _, row_keys, row_values = prefix_cache.rows[row]
+                keys[:, n, :, reused - k :] = row_keys[:, :, :k]
+                values[:, n, :, reused - k :] = row_values[:, :, :k]
+        cache = DynamicCache(config=self.model.config)
+        for layer in range(layers):
+            cache.update(keys[layer], values[layer], layer)
+        return cache, ids.to(self.model.device), attn.to(self.model.device)
+
+    @staticmethod
+    def _keep(cache: DynamicCache, sequences: torch.Tensor, attn: torch.Tensor, tokens: list[list[int]],
+              budget: float) -> list:  # fmt: skip
+        """Each row's KV after generate, without pad columns, for the next call: rows of
+        `PrefixCache`, as many as fit in `budget` bytes. `tokens`: each row's prompt + kept
+        generated tokens (not the pads after an EOS). Caches with other than full-attention
+        layers (sliding windows) are not kept."""
+        if budget <= 0 or not all(type(layer) is DynamicLayer for layer in cache.layers):
+            return []
+        length = cache.get_seq_length()  # the last sampled token was never fed
+        mask = torch.cat([attn, attn.new_ones(attn.shape[0], sequences.shape[1] - attn.shape[1])], 1)[:, :length]
+        keys = torch.stack([layer.keys for layer in cache.layers])  # (layers, B, kv_heads, length, head_dim)
+        values = torch.stack([layer.values for layer in cache.layers])
+        rows = []
+        for n, row_tokens in enumerate(tokens):
+            cols = mask[n].nonzero().squeeze(-1)[: len(row_tokens)]
+            budget -= 2 * keys[:, n, :, :1].nbytes * len(cols)
+            if budget < 0:
+                break
+            rows.append((row_tokens[: len(cols)], keys[:, n][:, :, cols], values[:, n][:, :, cols]))
+        return rows
 
     def _shared_prefill(self, ids: torch.Tensor, attn: torch.Tensor) -> DynamicCache | None:
         """KV cache of every row's prompt but its last token, computed once per distinct prompt
@@ -169,12 +275,22 @@ class TransformersEngine:
         return Generation(tokens[:keep], logprobs[:keep], text, reason)
 
     @torch.no_grad()
-    def score(self, prompts, continuations, *, temperature):
+    def score(self, prompts, continuations, *, temperature, prefix_cache=None):
         out: list[list[float] | None] = [None] * len(prompts)
         for idx in self._batches(prompts):
             seqs = [prompts[i] + continuations[i] for i in idx]
             lens = [len(continuations[i]) for i in idx]
-            logprobs, _ = response_logprobs(self.model, seqs, lens, self.pad_id, temperature)
+            match = prefix_cache.match([prompts[i] for i in idx]) if prefix_cache is not None else []
+            reused = self._reuse(seqs, prefix_cache, match) if match else None
+            if reused is None:
+                logprobs, _ = response_logprobs(self.model, seqs, lens, self.pad_id, temperature)
+            else:  # only the prompts' unseen tokens and the continuations go through the model
+                cache, ids, attn = reused
+                start, width = cache.get_seq_length(), max(lens)
+                position_ids = (attn.cumsum(-1) - 1).clamp(min=0)[:, start:]
+                logits = self.model(input_ids=ids[:, start:], attention_mask=attn, position_ids=position_ids,
+                                    past_key_values=cache, logits_to_keep=width + 1).logits  # fmt: skip
+                logprobs = token_logprobs(logits[:, :-1].float(), ids[:, -width:], temperature)
             for row, i in enumerate(idx):
                 out[i] = logprobs[row, logprobs.shape[1] - lens[row] :].tolist()
         return out
@@ -200,7 +316,9 @@ def make_engine(section, role: str, model_dir, on_batch: Callable[[int], None] |
         model = load_model(model_dir, section.dtype)
         if torch.cuda.is_available():
             model.cuda()
-        return TransformersEngine(model, tokenizer, section.batch_size, on_batch, weights=str(model_dir)), tokenizer
+        engine = TransformersEngine(model, tokenizer, section.batch_size, on_batch, weights=str(model_dir),
+                                    keep_bytes=section.kv_reuse_gb * 2**30)  # fmt: skip
+        return engine, tokenizer
     from rlanything.models.vllm_engine import VllmEngine, shared_server
 
     server = shared_server(role, section.vllm, model_dir, section.dtype, log_path)

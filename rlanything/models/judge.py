@@ -17,7 +17,7 @@ import random
 from typing import Any
 
 from rlanything.algo.parsing import extract_last_boxed, parse_step_score
-from rlanything.models.engine import GenerationEngine
+from rlanything.models.engine import GenerationEngine, PrefixCache
 from rlanything.models.prompts import judge_messages, render
 
 
@@ -40,11 +40,13 @@ def judge_steps(
         render(tokenizer, judge_messages(s["task"], s["history"], s["response"], s["observation"], hint)) for s in steps
     ]
     jobs = [(k, j) for k in range(len(steps)) for j in range(judgments_per_step)]
+    cache = PrefixCache()  # the constrained verdict scores prompt + reasoning again: their KV is kept
     gens = engine.generate(
-        [prompts[k][1] for k, _ in jobs], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
-    )
+        [prompts[k][1] for k, _ in jobs], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+        seed=seed, prefix_cache=cache if verdict == "constrained" else None,
+    )  # fmt: skip
     if verdict == "constrained":
-        verdicts = _constrained_verdicts(engine, tokenizer, [prompts[k][1] for k, _ in jobs], gens, temperature, seed)
+        verdicts = _constrained_verdicts(engine, tokenizer, [prompts[k][1] for k, _ in jobs], gens, temperature, seed, cache)
     elif verdict != "free":
         raise ValueError(f"unknown verdict mode {verdict!r}")
     rows = []
@@ -64,7 +66,7 @@ def judge_steps(
     return rows
 
 
-def _constrained_verdicts(engine, tokenizer, prompts, gens, temperature: float, seed: int) -> list[tuple]:
+def _constrained_verdicts(engine, tokenizer, prompts, gens, temperature: float, seed: int, cache: PrefixCache) -> list[tuple]:
     """For each reasoning, sample ±1 from p("1") vs p("-1") after an appended "\\boxed{"."""
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     opener, closer = encode("\n\\boxed{"), encode("}")
@@ -77,7 +79,7 @@ def _constrained_verdicts(engine, tokenizer, prompts, gens, temperature: float, 
         for score in (1, -1):
             contexts.append(prompt + ids)
             continuations.append(opener + options[score] + closer)
-    scored = engine.score(contexts, continuations, temperature=temperature)
+    scored = engine.score(contexts, continuations, temperature=temperature, prefix_cache=cache)
     rng = random.Random(seed)
     out = []
     for n, (gen, ids) in enumerate(zip(gens, reasoning_ids)):

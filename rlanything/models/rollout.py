@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from rlanything.algo.parsing import parse_answer
 from rlanything.envs.base import Environment, replayable, screenshot
-from rlanything.models.engine import GenerationEngine
+from rlanything.models.engine import GenerationEngine, PrefixCache
 from rlanything.models.prompts import policy_messages, render
 
 
@@ -92,6 +92,7 @@ def play(
             ep.observations.append(first)
             ep.first_screenshot = _keep_screen(ep, save_screenshot, None, shot_errors)
     rows: list[dict] = []
+    prefix_cache = PrefixCache()  # turn t's prompts extend turn t-1's: their KV is reused (same weights all rollout)
     for step_idx in range(max_steps):
         active = [ep for ep in episodes if ep.termination is None]
         if not active:
@@ -99,7 +100,7 @@ def play(
         rendered = [render(tokenizer, policy_messages(ep.env.system_prompt, ep.observations, ep.responses)) for ep in active]
         gens = engine.generate(
             [ids for _, ids in rendered], max_new_tokens=max_new_tokens, temperature=temperature,
-            top_p=top_p, seed=seed + 7919 * step_idx,
+            top_p=top_p, seed=seed + 7919 * step_idx, prefix_cache=prefix_cache,
         )  # fmt: skip
         for ep, (prompt, prompt_ids), gen in zip(active, rendered, gens):
             action, status = parse_answer(gen.text, answer_fallback)

@@ -183,7 +183,8 @@ class VllmEngine:
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             return list(pool.map(fn, items))
 
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed):
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed, prefix_cache=None):
+        # prefix_cache is not needed: the server caches prefixes itself (vLLM's automatic prefix caching)
         if top_p < 1.0:
             raise ValueError("the vLLM engine records log-probs without top-p truncation only for top_p = 1")
 
@@ -208,7 +209,7 @@ class VllmEngine:
         text = self.tokenizer.decode(tokens[:keep], skip_special_tokens=True)
         return Generation(tokens[:keep], logprobs[:keep], text, reason)
 
-    def score(self, prompts, continuations, *, temperature):
+    def score(self, prompts, continuations, *, temperature, prefix_cache=None):
         if temperature != 1.0:
             raise ValueError("vLLM prompt log-probs ignore temperature: the vLLM engine scores at temperature 1 only")
 

@@ -39,7 +39,7 @@ class ScriptedPolicy:
         self.tokenizer, self.reply = tokenizer, reply
         self.calls = 0
 
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed):
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed, prefix_cache=None):
         out = []
         for ids in prompts:
             text = self.reply(user_messages(self.tokenizer.decode(ids)))

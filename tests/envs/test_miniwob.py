@@ -104,7 +104,7 @@ class ExpertEngine:
     def __init__(self, tokenizer, wrong=False, before_step=None):
         self.tokenizer, self.wrong, self.before_step, self.calls = tokenizer, wrong, before_step, 0
 
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed):
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed, prefix_cache=None):
         if self.before_step is not None:
             self.before_step(self.calls)
         self.calls += 1

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlanything.models.engine import TransformersEngine, left_pad, response_logprobs
+from rlanything.models.engine import PrefixCache, TransformersEngine, left_pad, response_logprobs
 from rlanything.models.loading import load_model
 from rlanything.models.prompts import policy_messages, render
 
@@ -98,3 +98,58 @@ def test_repeated_prompts_share_one_prefill_and_sample_as_before(engine, tiny_to
     scored = engine.score(batch, [g.token_ids for g in shared], temperature=1.0)
     for s, g in zip(scored, shared):
         assert s == pytest.approx(g.logprobs, abs=1e-4)
+
+
+def test_a_turn_reuses_the_kv_of_the_previous_turn_and_samples_as_without(engine, tiny_tokenizer):
+    """Multi-turn rollouts: turn t's prompt extends turn t-1's prompt + reply, so only the new
+    tokens are prefilled; samples and log-probs are those of a full prefill."""
+    observations = [[f"Calculate {i} + {i * 3}."] for i in range(5)]
+    responses: list[list[str]] = [[] for _ in range(5)]
+    cache, fed, before = PrefixCache(), [], None
+    kw = dict(max_new_tokens=8, temperature=1.0, top_p=1.0)
+
+    def count(module, args, kwargs):  # non-pad tokens each forward feeds
+        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
+        fed.append(ids.numel() if mask is None else int(mask[:, -ids.shape[1] :].sum()))
+
+    for turn in range(3):
+        ps = [render(tiny_tokenizer, policy_messages("sys", observations[e], responses[e]))[1] for e in range(5)]
+        matched = cache.match(ps)
+        if before is None:
+            assert all(k == 0 for _, k in matched)
+        else:  # each prompt reuses at least its own previous prompt, from the row that holds it
+            for p, b, (row, k) in zip(ps, before, matched):
+                assert k >= len(b) and cache.rows[row][0][:k] == p[:k]
+        hook = engine.model.register_forward_pre_hook(count, with_kwargs=True)
+        try:
+            fed.clear()
+            kept = engine.generate(ps, seed=turn, prefix_cache=cache, **kw)
+        finally:
+            hook.remove()
+        prefill = sum(len(p) - k for p, (_, k) in zip(ps, matched))  # the tokens not reused
+        assert prefill <= sum(fed) <= prefill + len(ps) * (kw["max_new_tokens"] - 1)  # + one per row per decode step
+        full = engine.generate(ps, seed=turn, **kw)
+        assert [g.token_ids for g in kept] == [g.token_ids for g in full]
+        for a, b in zip(kept, full):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        scored = engine.score(ps, [g.token_ids for g in kept], temperature=1.0)
+        for s, g in zip(scored, kept):
+            assert s == pytest.approx(g.logprobs, abs=1e-4)
+        # kept: this call's prompts + replies, each but maybe its last token (sampled last, never fed)
+        assert len(cache.rows) == len(ps)
+        for tokens, keys, values in cache.rows:
+            whole = next(p + g.token_ids for p, g in zip(ps, kept) if (p + g.token_ids)[: len(tokens)] == tokens)
+            assert len(tokens) >= len(whole) - 1 and keys.shape[2] == values.shape[2] == len(tokens)
+        before = ps
+        for e, g in enumerate(kept):
+            responses[e].append(g.text)
+            observations[e].append("ok, next.")
+
+
+def test_prefix_cache_match_finds_the_longest_common_prefix():
+    layers, heads, dim = 2, 1, 4
+    kv = lambda n: torch.zeros(layers, heads, n, dim)  # noqa: E731
+    cache = PrefixCache([([1, 2, 3, 4], kv(4), kv(4)), ([1, 2, 9], kv(3), kv(3))])
+    assert cache.match([[1, 2, 3, 4, 5], [1, 2, 9, 9], [7, 1], [1, 2, 3]]) == [(0, 4), (1, 3), (0, 0), (0, 2)]
+    # the last: 3 tokens match row 0, capped at len - 1 so one token is left to feed
+    assert PrefixCache().match([[1, 2]]) == [(0, 0)]

@@ -3,7 +3,7 @@
 import pytest
 
 from rlanything.algo.parsing import parse_step_score
-from rlanything.models.engine import TransformersEngine
+from rlanything.models.engine import PrefixCache, TransformersEngine
 from rlanything.models.judge import judge_steps
 from rlanything.models.loading import load_model
 
@@ -60,3 +60,47 @@ def test_free_mode_records_unparseable_judgments(engine, tiny_tokenizer):
 def test_unknown_mode_is_refused(engine, tiny_tokenizer):
     with pytest.raises(ValueError, match="verdict mode"):
         judge(engine, tiny_tokenizer, "lenient")
+
+
+def test_constrained_verdicts_reuse_the_reasoning_kv_within_the_budget(engine, tiny_tokenizer):
+    """The verdict is scored after prompt + reasoning: with the KV kept from generation only
+    the verdict tokens run again; without it (budget 0) everything runs; same verdicts either way."""
+    fed = []
+
+    def count(module, args, kwargs):  # largest non-pad token count a forward feeds per row
+        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
+        fed.append(ids.shape[1] if mask is None else int(mask[:, -ids.shape[1] :].sum(-1).max()))
+
+    config = engine.model.config
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
+    partial = per_token * 2.5 * 150  # judge prompts + reasoning: ~110-160 tokens -> about 2 of 6 rows kept
+    runs = {}
+    for budget in (float("inf"), 0, partial):
+        limited = TransformersEngine(engine.model, tiny_tokenizer, batch_size=4, keep_bytes=budget)
+        hook = engine.model.register_forward_pre_hook(count, with_kwargs=True)
+        try:
+            fed.clear()
+            runs[budget] = (judge(limited, tiny_tokenizer, "constrained", seed=3), max(fed[-2:]))
+        finally:
+            hook.remove()
+    rows, scoring = runs[float("inf")]
+    verdict_tokens = len(tiny_tokenizer.encode("\n\\boxed{-1}", add_special_tokens=False))
+    assert scoring <= 1 + verdict_tokens  # the last prompt/reasoning token + the verdict
+    assert runs[0][1] > 40  # the whole judge prompt again
+    for other, _ in (runs[0], runs[partial]):  # a few rows kept, the others run again
+        assert [(r["step_score"], r["response_ids"]) for r in other] == [(r["step_score"], r["response_ids"]) for r in rows]
+        for a, b in zip(other, rows):
+            assert a["logprobs"] == pytest.approx(b["logprobs"], abs=1e-5)
+
+
+def test_the_engine_keeps_rows_up_to_its_byte_budget(engine, tiny_tokenizer):
+    prompts = [[1, 2, 3] + [10 + k] * (20 + k) for k in range(6)]
+    config = engine.model.config
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
+    for budget, kept in ((float("inf"), 6), (per_token * 60, 2), (per_token * 10, 0), (0, 0)):
+        cache = PrefixCache()
+        limited = TransformersEngine(engine.model, tiny_tokenizer, batch_size=4, keep_bytes=budget)
+        limited.generate(prompts, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=0, prefix_cache=cache)
+        assert len(cache.rows) == kept
+        assert sum(k.nbytes + v.nbytes for _, k, v in cache.rows) <= budget
+        assert all(k.shape[2] == len(t) >= 23 for t, k, _ in cache.rows)
