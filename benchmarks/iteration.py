@@ -1,6 +1,6 @@
 """Orchestration overhead of training iterations, and peak memory of a SmolLM2 iteration.
 
-    python benchmarks/iteration.py [--model tiny|smollm2|both] [--iterations 3]
+    python benchmarks/iteration.py [--model tiny|smollm2|both] [--iterations 3] [--set KEY=VALUE ...]
 
 Runs `rlanything train` for `iterations` iterations in a subprocess (fresh run folder and
 Prefect home under a temporary directory, ephemeral Prefect server, SQLite MLflow), then reads
@@ -41,9 +41,9 @@ RUNS = {
 }  # fmt: skip
 
 
-def run_once(name: str, root: Path, iterations: int) -> dict:
+def run_once(name: str, root: Path, iterations: int, extra: list[str]) -> dict:
     config, overrides = RUNS[name]
-    sets = [a for o in [f"run.root={root}", f"run.name=bench-{name}", *overrides] for a in ("--set", o)]
+    sets = [a for o in [f"run.root={root}", f"run.name=bench-{name}", *overrides, *extra] for a in ("--set", o)]
     env = {
         **os.environ, "PREFECT_HOME": str(root / "prefect"), "PREFECT_LOGGING_LEVEL": "WARNING",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -71,13 +71,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["tiny", "smollm2", "both"], default="both")
     parser.add_argument("--iterations", type=int, default=3, help="≥ 2: the first pays the start-up")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more config overrides (e.g. rm.kv_reuse_gb=0)")
     args = parser.parse_args()
     names = ["tiny", "smollm2"] if args.model == "both" else [args.model]
     print(f"== {args.iterations} training iterations through `rlanything train` (subprocess); "
           "shared machine: read the RATIOS")  # fmt: skip
     for name in names:
         with tempfile.TemporaryDirectory(prefix=f"rla-bench-{name}-") as tmp:
-            result = run_once(name, Path(tmp), args.iterations)
+            result = run_once(name, Path(tmp), args.iterations, args.set)
         totals = [sum(s.values()) for s in result["steps"]]
         done = result["done"]
         detail = ", ".join(f"{k} {v:.1f}" for k, v in result["steps"][-1].items())

@@ -152,7 +152,7 @@ class PolicyConfig(_Section):
     batch_size: int = Field(32, ge=1)
     """Sequences generated together."""
     kv_reuse_gb: float = Field(2.0, ge=0)
-    """Transformers engine: GiB of KV cache kept from one turn of a rollout to the next, so a
+    """Transformers engine: GiB of KV cache (on the model's device) kept from one turn of a rollout to the next, so a
     prompt that extends the last one (history + reply + new observation) prefills only its new
     tokens; episodes past the budget prefill their whole history. 0: off."""
     engine: Literal["transformers", "vllm"] = "transformers"
@@ -184,7 +184,7 @@ class RewardModelConfig(_Section):
     batch_size: int = Field(32, ge=1)
     """Sequences generated together."""
     kv_reuse_gb: float = Field(2.0, ge=0)
-    """Transformers engine: GiB of KV cache kept from the judgments' reasoning to the constrained
+    """Transformers engine: GiB of KV cache (on the model's device) kept from the judgments' reasoning to the constrained
     verdict, which then scores only the appended verdict tokens; judgments past the budget run
     their prompt and reasoning again. 0: off."""
     engine: Literal["transformers", "vllm"] = "transformers"

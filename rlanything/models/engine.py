@@ -37,8 +37,8 @@ class PrefixCache:
     turn grows with the new tokens, not with the whole history. The KV is only valid for the
     weights that computed it: a caller owns one for one rollout (`rollout.play`) or one set of
     judgments (`judge.judge_steps`: the constrained verdict scores prompt + reasoning again)
-    and never keeps it across an update. The engine keeps rows up to its byte budget; rows past
-    it are prefilled again. Engines without such a cache ignore it (vLLM caches prefixes
+    and never keeps it across an update. The engine keeps rows up to its byte budget (memory on
+    the model's device); rows past it are prefilled again. Engines without such a cache ignore it (vLLM caches prefixes
     itself). rows: (tokens, keys (layers, kv_heads, n, head_dim), values) per kept row."""
 
     rows: list[tuple[list[int], torch.Tensor, torch.Tensor]] = field(default_factory=list)
@@ -236,15 +236,17 @@ class TransformersEngine:
             return []
         length = cache.get_seq_length()  # the last sampled token was never fed
         mask = torch.cat([attn, attn.new_ones(attn.shape[0], sequences.shape[1] - attn.shape[1])], 1)[:, :length]
-        keys = torch.stack([layer.keys for layer in cache.layers])  # (layers, B, kv_heads, length, head_dim)
-        values = torch.stack([layer.values for layer in cache.layers])
+        first = cache.layers[0].keys  # (B, kv_heads, length, head_dim) per layer
+        per_token = 2 * len(cache.layers) * first.shape[1] * first.shape[3] * first.element_size()
         rows = []
         for n, row_tokens in enumerate(tokens):
             cols = mask[n].nonzero().squeeze(-1)[: len(row_tokens)]
-            budget -= 2 * keys[:, n, :, :1].nbytes * len(cols)
+            budget -= per_token * len(cols)
             if budget < 0:
                 break
-            rows.append((row_tokens[: len(cols)], keys[:, n][:, :, cols], values[:, n][:, :, cols]))
+            keys = torch.stack([layer.keys[n][:, cols] for layer in cache.layers])  # (layers, kv_heads, n, head_dim)
+            values = torch.stack([layer.values[n][:, cols] for layer in cache.layers])
+            rows.append((row_tokens[: len(cols)], keys, values))
         return rows
 
     def _shared_prefill(self, ids: torch.Tensor, attn: torch.Tensor) -> DynamicCache | None:
