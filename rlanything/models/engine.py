@@ -34,12 +34,15 @@ class PrefixCache:
 
     Turn t's prompt is turn t-1's prompt + the reply + the new observation, so its longest
     common prefix with a kept row (prompt + generated tokens) needs no prefill: prefill per
-    turn grows with the new tokens, not with the whole history. The KV is only valid for the
+    turn grows with the new tokens, not with the whole history. Within one call, a batch also
+    reuses the rows of the call's earlier batches (batches run shortest prompts first: the RM's
+    judgment of step k+1 repeats the history it judged at step k). The KV is only valid for the
     weights that computed it: a caller owns one for one rollout (`rollout.play`) or one set of
     judgments (`judge.judge_steps`: the constrained verdict scores prompt + reasoning again)
     and never keeps it across an update. The engine keeps rows up to its byte budget (memory on
-    the model's device); rows past it are prefilled again. Engines without such a cache ignore it (vLLM caches prefixes
-    itself). rows: (tokens, keys (layers, kv_heads, n, head_dim), values) per kept row."""
+    the model's device); rows past it are prefilled again. Engines without such a cache ignore
+    it (vLLM caches prefixes itself).
+    rows: (tokens, keys (layers, kv_heads, n, head_dim), values) per kept row."""
 
     rows: list[tuple[list[int], torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
@@ -168,7 +171,10 @@ class TransformersEngine:
         kept = []  # this call's rows for the next call's prefix_cache
         for b, idx in enumerate(self._batches(prompts)):
             batch = [prompts[i] for i in idx]
-            reused = self._reuse(batch, prefix_cache, prefix_cache.match(batch)) if prefix_cache is not None else None
+            reused = None
+            if prefix_cache is not None:  # rows of the last call and of this call's earlier batches
+                source = PrefixCache(prefix_cache.rows + kept)
+                reused = self._reuse(batch, source, source.match(batch))
             if reused is not None:
                 cache, ids, attn = reused
             else:

@@ -153,3 +153,28 @@ def test_prefix_cache_match_finds_the_longest_common_prefix():
     assert cache.match([[1, 2, 3, 4, 5], [1, 2, 9, 9], [7, 1], [1, 2, 3]]) == [(0, 4), (1, 3), (0, 0), (0, 2)]
     # the last: 3 tokens match row 0, capped at len - 1 so one token is left to feed
     assert PrefixCache().match([[1, 2]]) == [(0, 0)]
+
+
+def test_a_later_batch_reuses_the_kv_of_an_earlier_batch_of_the_same_call(engine, tiny_tokenizer):
+    """The RM judges step k and step k+1 of a trajectory in one call: step k+1's prompt repeats
+    step k's history. Batches run shortest first, so the longer prompt reuses the shorter's KV."""
+    short = prompts(tiny_tokenizer, 1)[0]
+    long = short + tiny_tokenizer.encode(" and then some more words to read", add_special_tokens=False)
+    fed = []
+
+    def count(module, args, kwargs):
+        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
+        fed.append((ids.shape[0], ids.numel() if mask is None else int(mask[:, -ids.shape[1] :].sum())))
+
+    one_by_one = TransformersEngine(engine.model, tiny_tokenizer, batch_size=1)
+    hook = engine.model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        kept = one_by_one.generate([long, short], max_new_tokens=4, temperature=1.0, top_p=1.0, seed=2, prefix_cache=PrefixCache())
+    finally:
+        hook.remove()
+    first_forwards = [n for rows, n in fed if n > 1]  # each batch's prefill (then 1-token decode steps)
+    assert first_forwards == [len(short), len(long) - len(short)]  # the long prompt fed only its extension
+    alone = one_by_one.generate([long, short], max_new_tokens=4, temperature=1.0, top_p=1.0, seed=2)
+    assert [g.token_ids for g in kept] == [g.token_ids for g in alone]
+    for a, b in zip(kept, alone):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
