@@ -152,9 +152,10 @@ class PolicyConfig(_Section):
     batch_size: int = Field(32, ge=1)
     """Sequences generated together."""
     kv_reuse_gb: float = Field(2.0, ge=0)
-    """Transformers engine: GiB of KV cache (on the model's device) kept from one turn of a rollout to the next, so a
-    prompt that extends the last one (history + reply + new observation) prefills only its new
-    tokens; episodes past the budget prefill their whole history. 0: off."""
+    """Transformers engine: GiB of KV cache (on the model's device) kept from one turn of a
+    rollout to the next, so a prompt that extends the last one (history + reply + new
+    observation) prefills only its new tokens; episodes past the budget prefill their whole
+    history (while a turn replaces the last turn's rows both are held: up to twice this). 0: off."""
     engine: Literal["transformers", "vllm"] = "transformers"
     """Generation engine of rollouts: in-process transformers, or a vLLM server (see `vllm`)."""
     vllm: VllmConfig = VllmConfig()
@@ -184,9 +185,10 @@ class RewardModelConfig(_Section):
     batch_size: int = Field(32, ge=1)
     """Sequences generated together."""
     kv_reuse_gb: float = Field(2.0, ge=0)
-    """Transformers engine: GiB of KV cache (on the model's device) kept from the judgments' reasoning to the constrained
-    verdict, which then scores only the appended verdict tokens; judgments past the budget run
-    their prompt and reasoning again. 0: off."""
+    """Transformers engine: GiB of KV cache (on the model's device) kept from the judgments'
+    reasoning to the constrained verdict, which then scores only the appended verdict tokens,
+    and from judgments of earlier steps to later ones (their shared history); judgments past
+    the budget run their prompt and reasoning again. 0: off."""
     engine: Literal["transformers", "vllm"] = "transformers"
     """Generation engine of judgments: in-process transformers, or a vLLM server (see `vllm`)."""
     vllm: VllmConfig = VllmConfig()
