@@ -40,10 +40,12 @@ def judge_steps(
         render(tokenizer, judge_messages(s["task"], s["history"], s["response"], s["observation"], hint)) for s in steps
     ]
     jobs = [(k, j) for k in range(len(steps)) for j in range(judgments_per_step)]
-    cache = PrefixCache()  # the constrained verdict scores prompt + reasoning again: their KV is kept
+    # later steps' prompts repeat earlier steps' history, and the constrained verdict scores
+    # prompt + reasoning again: the engine reuses their KV (engine.PrefixCache)
+    cache = PrefixCache()
     gens = engine.generate(
         [prompts[k][1] for k, _ in jobs], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-        seed=seed, prefix_cache=cache if verdict == "constrained" else None,
+        seed=seed, prefix_cache=cache,
     )  # fmt: skip
     if verdict == "constrained":
         verdicts = _constrained_verdicts(engine, tokenizer, [prompts[k][1] for k, _ in jobs], gens, temperature, seed, cache)
