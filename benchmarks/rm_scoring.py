@@ -1,0 +1,95 @@
+"""RM scoring (design.md step 3) with and without the KV reuse of `engine.PrefixCache`.
+
+    python benchmarks/rm_scoring.py [--trajectories 8] [--steps 6] [--judgments 2]
+                                    [--new-tokens 24] [--verdict constrained|free] [--bf16]
+
+Workload: `trajectories` text-game episodes of `steps` steps each (fixed, ALFWorld-like
+replies and observations), every step judged `judgments` times by SmolLM2 through
+`judge.judge_steps`, as the rm_score step calls it. A step's judge prompt holds the whole
+history before it, so prompt tokens grow quadratically with the episode length.
+
+Compared, in one process, on the same steps and seeds (interleaved, rotating order):
+  full    `rm.kv_reuse_gb: 0`: every judgment prefills its whole prompt (repeats of the same
+          prompt once), and the constrained verdict runs prompt + reasoning again
+  reuse   the default: later steps reuse earlier steps' history, the verdict its reasoning
+Printed: seconds per round, the time ratio reuse/full, and the tokens each fed through the
+model (a forward hook: non-pad tokens of prefills and decode steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import header  # noqa: E402
+
+from rlanything.models.engine import TransformersEngine  # noqa: E402
+from rlanything.models.judge import judge_steps  # noqa: E402
+from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
+
+
+def episodes(trajectories: int, steps: int) -> list[dict]:
+    """judge_steps' input: every step of every episode with the history before it."""
+    out = []
+    for t in range(trajectories):
+        history = []
+        for k in range(steps):
+            response = f"I have not found the apple yet, so I look at the next counter. \\boxed{{go to counter {k + 1}}}"
+            observation = f"You arrive at counter {k + 1}. On it you see a mug, a knife and a loaf of bread ({t})."
+            out.append({"traj_id": t, "task_id": f"t{t}", "step_idx": k, "history": list(history),
+                        "task": f"Task {t}: put a clean apple in the fridge. You are in the middle of a kitchen.",
+                        "response": response, "observation": observation})  # fmt: skip
+            history.append((response, observation))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trajectories", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--judgments", type=int, default=2, help="m")
+    parser.add_argument("--new-tokens", type=int, default=24, help="reasoning budget")
+    parser.add_argument("--verdict", choices=["constrained", "free"], default="constrained")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--bf16", action="store_true", help="the RM in bfloat16")
+    args = parser.parse_args()
+    dtype = "bfloat16" if args.bf16 else "float32"
+    header(f"RM scoring: SmolLM2-135M {dtype}, {args.trajectories} episodes × {args.steps} steps × "
+           f"m={args.judgments}, {args.new_tokens} reasoning tokens, {args.verdict} verdict")  # fmt: skip
+    path = smollm2_model_dir()
+    tokenizer, model = load_tokenizer(path), load_model(path, dtype)
+    steps = episodes(args.trajectories, args.steps)
+    engines = {"full": TransformersEngine(model, tokenizer, keep_bytes=0),
+               "reuse": TransformersEngine(model, tokenizer, keep_bytes=2 * 2**30)}  # fmt: skip
+    seconds, fed, running = {n: 0.0 for n in engines}, {n: 0 for n in engines}, [None]
+
+    def count(module, a, kwargs):
+        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
+        fed[running[0]] += ids.numel() if mask is None else int(mask[:, -ids.shape[1] :].sum())
+
+    hook = model.register_forward_pre_hook(count, with_kwargs=True)
+    names = list(engines)
+    for r in range(args.rounds):
+        for name in names[r % 2 :] + names[: r % 2]:
+            running[0], start = name, time.perf_counter()
+            with torch.no_grad():
+                rows = judge_steps(engines[name], tokenizer, steps, judgments_per_step=args.judgments, verdict=args.verdict,
+                            max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0, seed=r)  # fmt: skip
+            seconds[name] += time.perf_counter() - start
+        print(f"   ... round {r}: " + ", ".join(f"{n} {seconds[n]:.1f} s" for n in names), flush=True)
+    hook.remove()
+    prompt_tokens, reasoning = sum(len(r["prompt_ids"]) for r in rows), sum(len(r["response_ids"]) for r in rows)
+    print(f"   a round: {len(rows)} judgments, {prompt_tokens} prompt + {reasoning} response tokens")
+    print(f"   {'':6s} {'s/round':>8s} {'tokens fed/round':>17s}")
+    for name in names:
+        print(f"   {name:6s} {seconds[name] / args.rounds:8.1f} {fed[name] // args.rounds:17d}")
+    print(f"   reuse / full time: {seconds['reuse'] / seconds['full']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
