@@ -203,10 +203,11 @@ class TransformersEngine:
 
     def _reuse(self, batch: list[list[int]], prefix_cache: PrefixCache, match: list[tuple[int, int]]):
         """-> (cache, ids, attn) for a batch whose sequences extend rows of `prefix_cache` by
-        `match` ((row, reused tokens) per sequence), or None when none does. Row n's reused KV is right-aligned in the first K columns and the rest
-        of its prompt left-padded in the last S: pad columns between the two are masked out and
-        position ids follow the mask (as generate computes them), so the model sees each prompt
-        at the positions it would have without reuse."""
+        `match` ((row, reused tokens) per sequence), or None when none does. Row n's reused KV
+        is right-aligned in the first K columns and the rest of its sequence left-padded in the
+        last S: pad columns between the two are masked out and position ids follow the mask (as
+        generate computes them), so the model sees each sequence at the positions it would have
+        without reuse."""
         if not any(k for _, k in match):
             return None
         reused = max(k for _, k in match)
