@@ -7,6 +7,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ["RLANYTHING_PROGRESS"] = "0"
 
+from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -60,3 +61,26 @@ def small_run(prefect_server, tmp_path_factory, small_overrides) -> dict:
 
     root = tmp_path_factory.mktemp("small-run")
     return train_flow(str(REPO / "configs" / "tiny.yaml"), [f"run.root={root}", "run.name=small", *small_overrides], 2)
+
+
+@contextmanager
+def _tokens_fed(model):
+    """-> list of (rows, non-pad tokens) of every forward of `model` inside the block: what an
+    engine really ran (a decode step feeds one token per row, a prefill its prompts)."""
+    fed = []
+
+    def count(module, args, kwargs):
+        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
+        fed.append((ids.shape[0], ids.numel() if mask is None else int(mask[:, -ids.shape[1] :].sum())))
+
+    hook = model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        yield fed
+    finally:
+        hook.remove()
+
+
+@pytest.fixture
+def tokens_fed():
+    """`with tokens_fed(model) as fed:` counts the tokens each forward of `model` feeds."""
+    return _tokens_fed

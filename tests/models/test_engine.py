@@ -19,6 +19,13 @@ def prompts(tokenizer, n=5):
     return [render(tokenizer, policy_messages("sys", [f"Calculate {i} + {i * 3}."], []))[1] for i in range(n)]
 
 
+def assert_same_samples(got, expected):
+    """Same tokens, log-probs equal up to float noise (a different but equivalent computation)."""
+    assert [g.token_ids for g in got] == [g.token_ids for g in expected]
+    for a, b in zip(got, expected):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
 def test_left_pad():
     ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
@@ -91,27 +98,19 @@ def test_repeated_prompts_share_one_prefill_and_sample_as_before(engine, tiny_to
     prefills = [s for s in shapes if s[1] > 1]
     assert prefills and all(s[0] < 3 and s[1] == width - 1 for s in prefills)  # distinct prompts only, all but the last token
     assert all(s[1] == 1 for s in shapes if s not in prefills)  # generate itself only decodes
-    alone = separate.generate(batch, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=4)
-    assert [g.token_ids for g in shared] == [g.token_ids for g in alone]
-    for a, b in zip(shared, alone):
-        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert_same_samples(shared, separate.generate(batch, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=4))
     scored = engine.score(batch, [g.token_ids for g in shared], temperature=1.0)
     for s, g in zip(scored, shared):
         assert s == pytest.approx(g.logprobs, abs=1e-4)
 
 
-def test_a_turn_reuses_the_kv_of_the_previous_turn_and_samples_as_without(engine, tiny_tokenizer):
+def test_a_turn_reuses_the_kv_of_the_previous_turn_and_samples_as_without(engine, tiny_tokenizer, tokens_fed):
     """Multi-turn rollouts: turn t's prompt extends turn t-1's prompt + reply, so only the new
     tokens are prefilled; samples and log-probs are those of a full prefill."""
     observations = [[f"Calculate {i} + {i * 3}."] for i in range(5)]
     responses: list[list[str]] = [[] for _ in range(5)]
-    cache, fed, before = PrefixCache(), [], None
+    cache, before = PrefixCache(), None
     kw = dict(max_new_tokens=8, temperature=1.0, top_p=1.0)
-
-    def count(module, args, kwargs):  # non-pad tokens each forward feeds
-        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
-        fed.append(ids.numel() if mask is None else int(mask[:, -ids.shape[1] :].sum()))
-
     for turn in range(3):
         ps = [render(tiny_tokenizer, policy_messages("sys", observations[e], responses[e]))[1] for e in range(5)]
         matched = cache.match(ps)
@@ -120,18 +119,12 @@ def test_a_turn_reuses_the_kv_of_the_previous_turn_and_samples_as_without(engine
         else:  # each prompt reuses at least its own previous prompt, from the row that holds it
             for p, b, (row, k) in zip(ps, before, matched):
                 assert k >= len(b) and cache.rows[row][0][:k] == p[:k]
-        hook = engine.model.register_forward_pre_hook(count, with_kwargs=True)
-        try:
-            fed.clear()
+        with tokens_fed(engine.model) as fed:
             kept = engine.generate(ps, seed=turn, prefix_cache=cache, **kw)
-        finally:
-            hook.remove()
         prefill = sum(len(p) - k for p, (_, k) in zip(ps, matched))  # the tokens not reused
-        assert prefill <= sum(fed) <= prefill + len(ps) * (kw["max_new_tokens"] - 1)  # + one per row per decode step
-        full = engine.generate(ps, seed=turn, **kw)
-        assert [g.token_ids for g in kept] == [g.token_ids for g in full]
-        for a, b in zip(kept, full):
-            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        fed = sum(n for _, n in fed)
+        assert prefill <= fed <= prefill + len(ps) * (kw["max_new_tokens"] - 1)  # + one per row per decode step
+        assert_same_samples(kept, engine.generate(ps, seed=turn, **kw))
         scored = engine.score(ps, [g.token_ids for g in kept], temperature=1.0)
         for s, g in zip(scored, kept):
             assert s == pytest.approx(g.logprobs, abs=1e-4)
@@ -155,26 +148,15 @@ def test_prefix_cache_match_finds_the_longest_common_prefix():
     assert PrefixCache().match([[1, 2]]) == [(0, 0)]
 
 
-def test_a_later_batch_reuses_the_kv_of_an_earlier_batch_of_the_same_call(engine, tiny_tokenizer):
+def test_a_later_batch_reuses_the_kv_of_an_earlier_batch_of_the_same_call(engine, tiny_tokenizer, tokens_fed):
     """The RM judges step k and step k+1 of a trajectory in one call: step k+1's prompt repeats
     step k's history. Batches run shortest first, so the longer prompt reuses the shorter's KV."""
     short = prompts(tiny_tokenizer, 1)[0]
     long = short + tiny_tokenizer.encode(" and then some more words to read", add_special_tokens=False)
-    fed = []
-
-    def count(module, args, kwargs):
-        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
-        fed.append((ids.shape[0], ids.numel() if mask is None else int(mask[:, -ids.shape[1] :].sum())))
-
     one_by_one = TransformersEngine(engine.model, tiny_tokenizer, batch_size=1)
-    hook = engine.model.register_forward_pre_hook(count, with_kwargs=True)
-    try:
-        kept = one_by_one.generate([long, short], max_new_tokens=4, temperature=1.0, top_p=1.0, seed=2, prefix_cache=PrefixCache())
-    finally:
-        hook.remove()
+    kw = dict(max_new_tokens=4, temperature=1.0, top_p=1.0, seed=2)
+    with tokens_fed(engine.model) as fed:
+        kept = one_by_one.generate([long, short], prefix_cache=PrefixCache(), **kw)
     first_forwards = [n for rows, n in fed if n > 1]  # each batch's prefill (then 1-token decode steps)
     assert first_forwards == [len(short), len(long) - len(short)]  # the long prompt fed only its extension
-    alone = one_by_one.generate([long, short], max_new_tokens=4, temperature=1.0, top_p=1.0, seed=2)
-    assert [g.token_ids for g in kept] == [g.token_ids for g in alone]
-    for a, b in zip(kept, alone):
-        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert_same_samples(kept, one_by_one.generate([long, short], **kw))

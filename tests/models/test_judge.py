@@ -62,27 +62,18 @@ def test_unknown_mode_is_refused(engine, tiny_tokenizer):
         judge(engine, tiny_tokenizer, "lenient")
 
 
-def test_constrained_verdicts_reuse_the_reasoning_kv_within_the_budget(engine, tiny_tokenizer):
+def test_constrained_verdicts_reuse_the_reasoning_kv_within_the_budget(engine, tiny_tokenizer, tokens_fed):
     """The verdict is scored after prompt + reasoning: with the KV kept from generation only
     the verdict tokens run again; without it (budget 0) everything runs; same verdicts either way."""
-    fed = []
-
-    def count(module, args, kwargs):  # largest non-pad token count a forward feeds per row
-        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
-        fed.append(ids.shape[1] if mask is None else int(mask[:, -ids.shape[1] :].sum(-1).max()))
-
     config = engine.model.config
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
     partial = per_token * 2.5 * 150  # judge prompts + reasoning: ~110-160 tokens -> about 2 of 6 rows kept
     runs = {}
     for budget in (float("inf"), 0, partial):
         limited = TransformersEngine(engine.model, tiny_tokenizer, batch_size=4, keep_bytes=budget)
-        hook = engine.model.register_forward_pre_hook(count, with_kwargs=True)
-        try:
-            fed.clear()
-            runs[budget] = (judge(limited, tiny_tokenizer, "constrained", seed=3), max(fed[-2:]))
-        finally:
-            hook.remove()
+        with tokens_fed(engine.model) as fed:
+            rows = judge(limited, tiny_tokenizer, "constrained", seed=3)
+        runs[budget] = (rows, max(n / r for r, n in fed[-2:]))  # the verdict scoring: tokens fed per row
     rows, scoring = runs[float("inf")]
     verdict_tokens = len(tiny_tokenizer.encode("\n\\boxed{-1}", add_special_tokens=False))
     assert scoring <= 1 + verdict_tokens  # the last prompt/reasoning token + the verdict
