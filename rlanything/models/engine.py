@@ -42,9 +42,13 @@ class PrefixCache:
     and never keeps it across an update. The engine keeps rows up to its byte budget (memory on
     the model's device); rows past it are prefilled again. Engines without such a cache ignore
     it (vLLM caches prefixes itself).
-    rows: (tokens, keys (layers, kv_heads, n, head_dim), values) per kept row."""
+    rows: (tokens, keys (layers, kv_heads, n, head_dim), values) per kept row;
+    prompt_tokens, reused_tokens: of the prompts generated with this cache so far, all their
+    tokens and those whose KV came from a kept row (the rollout and rm_score metrics)."""
 
     rows: list[tuple[list[int], torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
 
     def match(self, prompts: list[list[int]]) -> list[tuple[int, int]]:
         """-> (kept row, reusable tokens) per prompt: the kept row with the longest common
@@ -174,7 +178,10 @@ class TransformersEngine:
             reused = None
             if prefix_cache is not None:  # rows of the last call and of this call's earlier batches
                 source = PrefixCache(prefix_cache.rows + kept)
-                reused = self._reuse(batch, source, source.match(batch))
+                match = source.match(batch)
+                reused = self._reuse(batch, source, match)
+                prefix_cache.prompt_tokens += sum(map(len, batch))
+                prefix_cache.reused_tokens += sum(k for _, k in match) if reused is not None else 0
             if reused is not None:
                 cache, ids, attn = reused
             else:

@@ -33,16 +33,18 @@ def judge_steps(
     top_p: float,
     seed: int,
     hint: str = "",
+    prefix_cache: PrefixCache | None = None,
 ) -> list[dict]:
     """steps: dicts with traj_id, task_id, step_idx, task, history [(response, observation)],
-    response, observation. -> one row per (step, judge_idx) for judgments.parquet."""
+    response, observation. -> one row per (step, judge_idx) for judgments.parquet.
+    `prefix_cache`: a fresh one when None (given, its token counts can be read afterwards)."""
     prompts = [
         render(tokenizer, judge_messages(s["task"], s["history"], s["response"], s["observation"], hint)) for s in steps
     ]
     jobs = [(k, j) for k in range(len(steps)) for j in range(judgments_per_step)]
     # later steps' prompts repeat earlier steps' history, and the constrained verdict scores
     # prompt + reasoning again: the engine reuses their KV (engine.PrefixCache)
-    cache = PrefixCache()
+    cache = prefix_cache if prefix_cache is not None else PrefixCache()
     gens = engine.generate(
         [prompts[k][1] for k, _ in jobs], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
         seed=seed, prefix_cache=cache,

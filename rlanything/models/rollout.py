@@ -76,10 +76,12 @@ def play(
     answer_fallback: str = "none",
     save_screenshot: SaveScreenshot | None = None,
     screenshot_errors: list[str] | None = None,
+    prefix_cache: PrefixCache | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """-> (step rows for rollouts.parquet, trajectory rows with termination info).
 
-    `screenshot_errors`, when given, collects one line per screenshot that failed."""
+    `screenshot_errors`, when given, collects one line per screenshot that failed;
+    `prefix_cache` (a fresh one when None) carries the episodes' KV from turn to turn."""
     shot_errors = screenshot_errors if screenshot_errors is not None else []
     episodes = [
         Episode(t * group_size + r, task, r, make_env())
@@ -92,7 +94,7 @@ def play(
             ep.observations.append(first)
             ep.first_screenshot = _keep_screen(ep, save_screenshot, None, shot_errors)
     rows: list[dict] = []
-    prefix_cache = PrefixCache()  # turn t's prompts extend turn t-1's: their KV is reused (same weights all rollout)
+    prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()  # turn t's prompts extend turn t-1's
     for step_idx in range(max_steps):
         active = [ep for ep in episodes if ep.termination is None]
         if not active:

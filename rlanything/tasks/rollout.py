@@ -10,7 +10,7 @@ import pandas as pd
 
 from rlanything.envs import make_env
 from rlanything.envs.base import env_class, replayable
-from rlanything.models.engine import make_engine
+from rlanything.models.engine import PrefixCache, make_engine
 from rlanything.models.rollout import play
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
@@ -36,6 +36,7 @@ def rollout(run_dir: str, iteration: int):
 
     with progress(f"iter {iteration}: rollout", total) as advance:
         engine, tokenizer = make_engine(config.policy, "policy", path, advance, layout.run_dir / "vllm-policy.log")
+        cache = PrefixCache()
         rows, episodes = play(
             engine, tokenizer, lambda: make_env(config.env), tasks,
             group_size=config.policy.group_size, max_steps=config.env.max_steps,
@@ -43,6 +44,7 @@ def rollout(run_dir: str, iteration: int):
             top_p=config.policy.top_p, seed=derive_seed(config.run.seed, iteration, "rollout"),
             answer_fallback=config.env.answer_fallback,
             save_screenshot=save_screenshot if config.env.screenshots else None, screenshot_errors=shot_errors,
+            prefix_cache=cache,
         )  # fmt: skip
         weights = weights_label(layout, engine.weights)  # which weights produced each sample
         rows = [{**row, "weights": weights} for row in rows]
@@ -61,6 +63,7 @@ def rollout(run_dir: str, iteration: int):
         "rollout/truncated_frac": float((frame.finish_reason == "length").mean()) if rows else 0.0,
         "tokens/policy_prompt": int(frame.prompt_tokens.sum()) if rows else 0,
         "tokens/policy_response": int(frame.response_tokens.sum()) if rows else 0,
+        "tokens/policy_prompt_reused": cache.reused_tokens,  # KV kept from the turn before (transformers engine)
         "rollout/env_errors": sum(e["termination"] == "env_error" for e in episodes),
         "rollout/screenshots": len(list(shots_dir.glob("*.png"))) if shots_dir.exists() else 0,
         "rollout/screenshot_errors": len(shot_errors),

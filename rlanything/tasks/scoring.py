@@ -9,7 +9,7 @@ from rlanything.algo.advantages import rm_advantages, step_index_advantages
 from rlanything.algo.curriculum import in_band, task_accuracy
 from rlanything.algo.rewards import integrated_reward, rm_consistency_reward
 from rlanything.envs import env_class
-from rlanything.models.engine import make_engine
+from rlanything.models.engine import PrefixCache, make_engine
 from rlanything.models.judge import judge_steps
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
@@ -44,10 +44,12 @@ def rm_score(run_dir: str, iteration: int):
     path = model_path(config, layout, "rm", iteration)
     with progress(f"iter {iteration}: rm_score", len(todo) * config.rm.judgments_per_step) as advance:
         engine, tokenizer = make_engine(config.rm, "rm", path, advance, layout.run_dir / "vllm-rm.log")
+        cache = PrefixCache()
         rows = judge_steps(
             engine, tokenizer, todo, judgments_per_step=config.rm.judgments_per_step, verdict=config.rm.verdict,
             max_new_tokens=config.rm.max_new_tokens, temperature=config.rm.temperature, top_p=config.rm.top_p,
             seed=derive_seed(config.run.seed, iteration, "rm_score"), hint=env_class(config.env.kind).judge_hint,
+            prefix_cache=cache,
         )  # fmt: skip
         weights = weights_label(layout, engine.weights)
         rows = [{**row, "weights": weights} for row in rows]
@@ -57,6 +59,8 @@ def rm_score(run_dir: str, iteration: int):
         "rm/judgments": len(rows),
         "rm/parse_rate": float(frame.parsed.mean()) if rows else 0.0,
         "tokens/rm_response": int(frame.response_ids.map(len).sum()) if rows else 0,
+        "tokens/rm_prompt": cache.prompt_tokens,
+        "tokens/rm_prompt_reused": cache.reused_tokens,  # KV of earlier steps' history (transformers engine)
     }
     return [out], metrics
 

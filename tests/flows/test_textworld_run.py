@@ -1,6 +1,7 @@
 """Two iterations of configs/tiny-textworld.yaml through real Prefect, MLflow and Parquet:
 multi-step TextWorld episodes, one rollouts row per step, m judgments per step."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,12 @@ def run(prefect_server, tmp_path_factory):
     return train_flow(str(REPO / "configs" / "tiny-textworld.yaml"), overrides)
 
 
+def first_prompts(steps, later) -> int:
+    """Tokens of each later step's previous prompt: at least what its prompt reuses."""
+    prev = steps.set_index(["traj_id", "step_idx"]).prompt_tokens
+    return int(sum(prev[(t, k - 1)] for t, k in zip(later.traj_id, later.step_idx)))
+
+
 def test_multi_step_rows_and_per_step_judgments(run):
     layout = RunLayout(Path(run["run_dir"]))
     for iteration in (0, 1):
@@ -45,6 +52,12 @@ def test_multi_step_rows_and_per_step_judgments(run):
         assert len(per_step) == (~steps.pending).sum() and (per_step == 2).all()  # m judgments of every step
         adv = read_table(layout.artifact(iteration, "advantages"), schemas.ADVANTAGES)
         assert (adv.kind == "policy").sum() == len(steps[~steps.pending])
+        # from the second turn on, a prompt's history came from the KV kept from the turn before
+        metrics = json.loads((layout.iter_dir(iteration) / "summary.json").read_text())
+        later = steps[steps.step_idx > 0]
+        assert metrics["tokens/policy_prompt"] == steps.prompt_tokens.sum()
+        assert later.prompt_tokens.sum() > metrics["tokens/policy_prompt_reused"] >= first_prompts(steps, later)
+        assert metrics["tokens/rm_prompt"] == judgments.prompt_ids.map(len).sum()
     # Every task failed, so the rule rewrite made each game easier (quest_length 2 -> 1): the
     # environment generated and validated the new games, rolled out as pending in iteration 1.
     adaptation = read_table(layout.artifact(0, "adaptation"), schemas.ADAPTATION)

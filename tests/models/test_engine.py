@@ -119,8 +119,11 @@ def test_a_turn_reuses_the_kv_of_the_previous_turn_and_samples_as_without(engine
         else:  # each prompt reuses at least its own previous prompt, from the row that holds it
             for p, b, (row, k) in zip(ps, before, matched):
                 assert k >= len(b) and cache.rows[row][0][:k] == p[:k]
+        counted = cache.prompt_tokens, cache.reused_tokens
         with tokens_fed(engine.model) as fed:
             kept = engine.generate(ps, seed=turn, prefix_cache=cache, **kw)
+        assert cache.prompt_tokens - counted[0] == sum(map(len, ps))
+        assert sum(map(len, ps)) - len(ps) >= cache.reused_tokens - counted[1] >= sum(k for _, k in matched)
         prefill = sum(len(p) - k for p, (_, k) in zip(ps, matched))  # the tokens not reused
         fed = sum(n for _, n in fed)
         assert prefill <= fed <= prefill + len(ps) * (kw["max_new_tokens"] - 1)  # + one per row per decode step
