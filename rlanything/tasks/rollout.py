@@ -63,11 +63,12 @@ def rollout(run_dir: str, iteration: int):
         "rollout/truncated_frac": float((frame.finish_reason == "length").mean()) if rows else 0.0,
         "tokens/policy_prompt": int(frame.prompt_tokens.sum()) if rows else 0,
         "tokens/policy_response": int(frame.response_tokens.sum()) if rows else 0,
-        "tokens/policy_prompt_reused": cache.reused_tokens,  # KV kept from the turn before (transformers engine)
         "rollout/env_errors": sum(e["termination"] == "env_error" for e in episodes),
         "rollout/screenshots": len(list(shots_dir.glob("*.png"))) if shots_dir.exists() else 0,
         "rollout/screenshot_errors": len(shot_errors),
     }
+    if cache.prompt_tokens:  # the transformers engine served them (vLLM reuses prefixes on its own)
+        metrics["tokens/policy_prompt_reused"] = cache.reused_tokens  # KV kept from the turn before
     for line in shot_errors[:5]:
         logging.getLogger(__name__).warning("screenshot failed: %s", line)
     return paths, metrics

@@ -59,9 +59,10 @@ def rm_score(run_dir: str, iteration: int):
         "rm/judgments": len(rows),
         "rm/parse_rate": float(frame.parsed.mean()) if rows else 0.0,
         "tokens/rm_response": int(frame.response_ids.map(len).sum()) if rows else 0,
-        "tokens/rm_prompt": cache.prompt_tokens,
-        "tokens/rm_prompt_reused": cache.reused_tokens,  # KV of earlier steps' history (transformers engine)
+        "tokens/rm_prompt": int(frame.prompt_ids.map(len).sum()) if rows else 0,
     }
+    if cache.prompt_tokens:  # the transformers engine served them (vLLM reuses prefixes on its own)
+        metrics["tokens/rm_prompt_reused"] = cache.reused_tokens  # KV of earlier steps' history
     return [out], metrics
 
 

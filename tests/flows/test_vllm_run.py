@@ -3,6 +3,7 @@ own venv, RLANYTHING_VLLM_PYTHON; `make test` builds it outside the clone): the 
 iteration's rollouts come from the server reloaded with the first iteration's checkpoint, and
 say so. Server starts take 30 s to a few minutes on 2 CPU cores."""
 
+import json
 import os
 from pathlib import Path
 
@@ -53,4 +54,7 @@ def test_rollouts_after_an_update_come_from_the_new_weights(run):
             scored = TransformersEngine(load_model(weights), tokenizer).score(prompts, responses, temperature=1.0)
             gaps = [np.abs(np.array(s) - np.array(r)).max() for s, r in zip(scored, steps.logprobs) if len(r)]
             assert (max(gaps) < 1e-3) == same, (iteration, weights, max(gaps))
+        metrics = json.loads((layout.iter_dir(iteration) / "summary.json").read_text())
+        assert "tokens/policy_prompt_reused" not in metrics  # the server reuses prefixes on its own
+        assert "tokens/rm_prompt_reused" in metrics  # the RM here is the in-process transformers engine
     assert layout.iteration_done(1).exists()
