@@ -95,6 +95,23 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
+def positions(attn: torch.Tensor) -> torch.Tensor:
+    """attention_mask (B, L) -> position ids (B, L) as generate() computes them: each token's
+    count of real tokens before it, whatever padding (left, or masked gaps) lies between."""
+    return (attn.cumsum(-1) - 1).clamp(min=0)
+
+
+def last_logprobs(model, ids, attn, width: int, temperature: float, cache: DynamicCache | None = None) -> torch.Tensor:
+    """Log-probs (B, width) of the last `width` tokens of each row of ids (B, L), teacher-forced.
+    With `cache` holding the KV of the first K columns, only columns K: are fed. Only the last
+    width+1 positions go through the LM head (`logits_to_keep`)."""
+    start = cache.get_seq_length() if cache is not None else 0
+    past = {} if cache is None else {"past_key_values": cache}  # wrapped models (DDP, peft) get no new kwarg
+    logits = model(input_ids=ids[:, start:], attention_mask=attn, position_ids=positions(attn)[:, start:],
+                   logits_to_keep=width + 1, **past).logits  # fmt: skip
+    return token_logprobs(logits[:, :-1].float(), ids[:, -width:], temperature)
+
+
 def response_logprobs(
     model, seqs: list[list[int]], response_lens: list[int], pad_id: int, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,15 +119,12 @@ def response_logprobs(
 
     seqs: B token lists (prompt + response) -> logprobs (B, R), response_mask (B, R) with
     R = max(response_lens); row i's response occupies its last response_lens[i] columns.
-    Only the last R+1 positions go through the LM head (`logits_to_keep`).
     """
     ids, attn = left_pad(seqs, pad_id)
     device = next(model.parameters()).device  # also for wrapped models (DDP, DeepSpeed, peft)
     ids, attn = ids.to(device), attn.to(device)
-    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # as generate() does for left padding
     width = max(response_lens)
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, logits_to_keep=width + 1).logits
-    logprobs = token_logprobs(logits[:, :-1].float(), ids[:, -width:], temperature)
+    logprobs = last_logprobs(model, ids, attn, width, temperature)
     lens = torch.tensor(response_lens, device=ids.device)
     mask = torch.arange(width, device=ids.device)[None, :] >= (width - lens)[:, None]
     return logprobs, mask
@@ -279,7 +293,7 @@ class TransformersEngine:
         prefix_ids, prefix_attn = ids[unique, :-1], attn[unique, :-1]
         cache = DynamicCache(config=self.model.config)
         self.model(input_ids=prefix_ids, attention_mask=prefix_attn, past_key_values=cache, use_cache=True,
-                   position_ids=(prefix_attn.cumsum(-1) - 1).clamp(min=0), logits_to_keep=1)  # fmt: skip
+                   position_ids=positions(prefix_attn), logits_to_keep=1)  # fmt: skip
         cache.reorder_cache(torch.tensor(source, device=ids.device))  # index_select: row r gets its prompt's cache
         return cache
 
@@ -302,11 +316,7 @@ class TransformersEngine:
                 logprobs, _ = response_logprobs(self.model, seqs, lens, self.pad_id, temperature)
             else:  # only the prompts' unseen tokens and the continuations go through the model
                 cache, ids, attn = reused
-                start, width = cache.get_seq_length(), max(lens)
-                position_ids = (attn.cumsum(-1) - 1).clamp(min=0)[:, start:]
-                logits = self.model(input_ids=ids[:, start:], attention_mask=attn, position_ids=position_ids,
-                                    past_key_values=cache, logits_to_keep=width + 1).logits  # fmt: skip
-                logprobs = token_logprobs(logits[:, :-1].float(), ids[:, -width:], temperature)
+                logprobs = last_logprobs(self.model, ids, attn, max(lens), temperature, cache)
             for row, i in enumerate(idx):
                 out[i] = logprobs[row, logprobs.shape[1] - lens[row] :].tolist()
         return out
