@@ -48,3 +48,24 @@ def header(title: str) -> None:
     print(f"== {title}")
     print(f"   torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"device {'cuda' if torch.cuda.is_available() else 'cpu'}; shared machine: read the RATIOS")
+
+
+class TokensFed:
+    """`with TokensFed(model, ...) as fed:` counts in `fed.total` the non-pad tokens fed to the
+    models' forwards (a prefill's prompt tokens, one per row per decode step): the work an engine
+    really ran, so a prompt prefix it reused from a cache is not counted."""
+
+    def __init__(self, *models):
+        self.models, self.total, self.hooks = models, 0, []
+
+    def _count(self, module, args, kwargs) -> None:
+        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")  # mask: (B, cached + fed) columns
+        self.total += ids.numel() if mask is None else int(mask[:, -ids.shape[1] :].sum())
+
+    def __enter__(self) -> "TokensFed":
+        self.hooks = [m.register_forward_pre_hook(self._count, with_kwargs=True) for m in self.models]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for hook in self.hooks:
+            hook.remove()

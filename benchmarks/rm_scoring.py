@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import header  # noqa: E402
+from _common import TokensFed, header  # noqa: E402
 
 from rlanything.models.engine import TransformersEngine  # noqa: E402
 from rlanything.models.judge import judge_steps  # noqa: E402
@@ -66,23 +66,17 @@ def main() -> None:
     steps = episodes(args.trajectories, args.steps)
     engines = {"full": TransformersEngine(model, tokenizer, keep_bytes=0),
                "reuse": TransformersEngine(model, tokenizer, keep_bytes=2 * 2**30)}  # fmt: skip
-    seconds, fed, running = {n: 0.0 for n in engines}, {n: 0 for n in engines}, [None]
-
-    def count(module, a, kwargs):
-        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
-        fed[running[0]] += ids.numel() if mask is None else int(mask[:, -ids.shape[1] :].sum())
-
-    hook = model.register_forward_pre_hook(count, with_kwargs=True)
+    seconds, fed = {n: 0.0 for n in engines}, {n: 0 for n in engines}
     names = list(engines)
     for r in range(args.rounds):
         for name in names[r % 2 :] + names[: r % 2]:
-            running[0], start = name, time.perf_counter()
-            with torch.no_grad():
+            start = time.perf_counter()
+            with TokensFed(model) as counter, torch.no_grad():
                 rows = judge_steps(engines[name], tokenizer, steps, judgments_per_step=args.judgments, verdict=args.verdict,
-                            max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0, seed=r)  # fmt: skip
+                                   max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0, seed=r)  # fmt: skip
             seconds[name] += time.perf_counter() - start
+            fed[name] += counter.total
         print(f"   ... round {r}: " + ", ".join(f"{n} {seconds[n]:.1f} s" for n in names), flush=True)
-    hook.remove()
     prompt_tokens, reasoning = sum(len(r["prompt_ids"]) for r in rows), sum(len(r["response_ids"]) for r in rows)
     print(f"   a round: {len(rows)} judgments, {prompt_tokens} prompt + {reasoning} response tokens")
     print(f"   {'':6s} {'s/round':>8s} {'tokens fed/round':>17s}")

@@ -37,7 +37,7 @@ import torch
 from transformers import GenerationConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import header, matmul_ceiling, params_of  # noqa: E402
+from _common import TokensFed, header, matmul_ceiling, params_of  # noqa: E402
 
 from rlanything.algo.losses import token_logprobs  # noqa: E402
 from rlanything.models.engine import PrefixCache, TransformersEngine, left_pad  # noqa: E402
@@ -93,36 +93,27 @@ def play(engines: dict, tokenizer, episodes: int, group: int, turns: int, new_to
     observations = [[f"Task {e // group}: put the apple in the fridge. {OBSERVATION}"] for e in range(episodes)]
     responses: list[list[str]] = [[] for _ in range(episodes)]
     results = {name: [0.0, [], 0, 0, 0] for name in engines}
-    names, running = list(engines), [None]
-
-    def count(model, args, kwargs):  # non-pad tokens this forward feeds (its last S mask columns)
-        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
-        results[running[0]][4] += ids.numel() if mask is None else int(mask[:, -ids.shape[1] :].sum())
-
-    models = {id(e.model): e.model for e in engines.values() if hasattr(e, "model")}
-    hooks = [m.register_forward_pre_hook(count, with_kwargs=True) for m in models.values()]
+    names = list(engines)
     # rlanything's engine keeps each episode's KV from turn to turn, as `rollout.play` does
     reuse = {name: {"prefix_cache": PrefixCache()} for name, e in engines.items() if type(e) is TransformersEngine}
     for turn in range(turns):
         prompts = [render(tokenizer, policy_messages(SYSTEM, observations[e], responses[e]))[1] for e in range(episodes)]
         for name in names[turn % len(names) :] + names[: turn % len(names)]:
-            running[0], start = name, time.perf_counter()
-            gens = engines[name].generate(prompts, max_new_tokens=new_tokens, temperature=1.0, top_p=1.0,
-                                          seed=1000 * turn, **reuse.get(name, {}))  # fmt: skip
+            engine, start = engines[name], time.perf_counter()
+            with TokensFed(*[engine.model] if hasattr(engine, "model") else []) as fed:
+                gens = engine.generate(prompts, max_new_tokens=new_tokens, temperature=1.0, top_p=1.0,
+                                       seed=1000 * turn, **reuse.get(name, {}))  # fmt: skip
             result = results[name]
             result[0] += time.perf_counter() - start
             result[1].append(gens)
             prompt_tokens, new = sum(map(len, prompts)), sum(len(g.token_ids) for g in gens)
             result[2] += prompt_tokens
             result[3] += new
-            if not hasattr(engines[name], "model"):  # a server: every token once
-                result[4] += prompt_tokens + new
+            result[4] += fed.total if hasattr(engine, "model") else prompt_tokens + new  # a server: every token once
         print(f"   ... turn {turn}: " + ", ".join(f"{n} {results[n][0]:.1f} s" for n in names), flush=True)
         for e, g in enumerate(results["plain"][1][-1]):
             responses[e].append(g.text)
             observations[e].append(OBSERVATION)
-    for hook in hooks:
-        hook.remove()
     return {name: tuple(r) for name, r in results.items()}
 
 
