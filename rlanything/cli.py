@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rlanything import procs
 from rlanything.config import ConfigError, load_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -44,6 +45,28 @@ def _summary(result: dict) -> None:
     )
 
 
+def _guard_prefect_server() -> None:
+    """Without PREFECT_API_URL, Prefect starts a temporary server (uvicorn, ~200 MB) on first use,
+    which would outlive this process when it is killed (it even ignores SIGTERM). Start it here,
+    through Prefect's own class, registered with `procs` the moment it is launched; Prefect keeps
+    one instance per port, so the flow then finds this one running and uses it."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return
+
+    class GuardedServer(SubprocessASGIServer):
+        def _run_uvicorn_command(self):
+            process = super()._run_uvicorn_command()
+            procs.guard(process.pid, group=False)  # uvicorn is one process, in our group
+            return process
+
+    GuardedServer().start()
+    if not isinstance(SubprocessASGIServer(), GuardedServer):  # a Prefect upgrade changed the singleton
+        raise RuntimeError("Prefect's temporary server is not the one started here")
+
+
 def _run(config_path: Path, overrides: list[str], iterations: Optional[int]) -> None:
     try:
         config = load_config(config_path, overrides)  # fail fast, before Prefect starts
@@ -57,6 +80,7 @@ def _run(config_path: Path, overrides: list[str], iterations: Optional[int]) -> 
         with run_lock(config.run_dir):
             from rlanything.flows.training import train_flow
 
+            _guard_prefect_server()
             result = train_flow(str(config_path), overrides, iterations)
     except RunBusyError as err:
         _fail(str(err), EXIT_BUSY)

@@ -1,7 +1,7 @@
 """Headless Chromium browsers for web environments: launched once, reused, killed when stuck.
 
 A `Browser` is one ChromeDriver + Chromium pair in its own process group, driven through
-Selenium. Every call into it runs with a wall-clock timeout: a call that hangs or fails gets
+Selenium; the group is killed when this process ends, however it ends (`rlanything.procs`). Every call into it runs with a wall-clock timeout: a call that hangs or fails gets
 the whole process group killed and raises `BrowserFailure`, so a broken browser costs one
 episode (recorded as `env_error` by the rollout loop), never a hung iteration.
 
@@ -23,11 +23,12 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import subprocess
 import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
+
+from rlanything import procs
 
 CHROMIUM_FLAGS = (
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
@@ -93,8 +94,13 @@ class Browser:
         options.binary_location = self.chromium
         for flag in CHROMIUM_FLAGS:
             options.add_argument(flag)
+        class GuardedService(Service):
+            def _start_process(self, path: str) -> None:
+                super()._start_process(path)
+                procs.guard(self.process.pid, group=True)  # dies with this process, even on SIGKILL
+
         # Own process group: killing it takes ChromeDriver and every Chromium child along.
-        self.service = Service(self.chromedriver, popen_kw={"start_new_session": True})
+        self.service = GuardedService(self.chromedriver, popen_kw={"start_new_session": True})
         self.driver = webdriver.Chrome(service=self.service, options=options)
         if not self.alive:  # the launch outlived its timeout and was given up: leave nothing behind
             self.kill()
@@ -108,9 +114,7 @@ class Browser:
         """ChromeDriver's pid first, then its Chromium processes (Linux /proc)."""
         if self.pgid is None:
             return []
-        out = subprocess.run(["ps", "-o", "pid=", "-g", str(self.pgid)], capture_output=True, text=True)
-        pids = [int(p) for p in out.stdout.split()]
-        return sorted(pids, key=lambda p: p != self.pgid)
+        return sorted(procs.group_members(self.pgid), key=lambda p: p != self.pgid)
 
     def run(self, fn: Callable[[Any], Any], timeout_s: float) -> Any:
         """fn(driver) under a timeout; any failure kills the browser and raises BrowserFailure."""
@@ -125,16 +129,8 @@ class Browser:
     def kill(self) -> None:
         """SIGKILL the process group (no graceful quit: the browser may be hung)."""
         self.alive = False
-        pgid = self.pgid
-        if pgid is not None:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            try:
-                self.service.process.wait(timeout=5)  # reap ChromeDriver
-            except Exception:
-                pass
+        if self.pgid is not None:
+            procs.stop_popen(self.service.process, grace=0, signum=signal.SIGKILL)
 
     def quit(self, timeout_s: float = 10.0) -> None:
         if self.alive and self.driver is not None:

@@ -23,6 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from rlanything import procs
+
 STATE_DIR = ".servers"
 SERVICES = ("serve", "prefect", "mlflow")  # stop order
 
@@ -61,47 +63,14 @@ def forget(root: str | Path, name: str) -> None:
 # ---------------------------------------------------------------- processes
 
 
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, process group) of a live process, None if gone (Linux /proc)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return fields[0], int(fields[2])
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie waiting to be reaped counts as ended)."""
-    if Path("/proc").is_dir():
-        stat = _proc_stat(pid)
-        return stat is not None and stat[0] not in "ZX"
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group."""
-    if not Path("/proc").is_dir():
-        return [pgid] if alive(pgid) else []
-    members = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (stat := _proc_stat(int(entry.name))) and stat[1] == pgid and stat[0] not in "ZX":
-            members.append(int(entry.name))
-    return members
-
-
 def _is_ours(entry: dict) -> bool:
     """The recorded PID still runs the recorded program (PIDs get reused)."""
     pid = entry["pid"]
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
-        return alive(pid)
-    return alive(pid) and entry["marker"] in cmdline
+        return procs.alive(pid)
+    return procs.alive(pid) and entry["marker"] in cmdline
 
 
 def stop_process(entry: dict, signum: int = signal.SIGTERM, grace: float = 30.0) -> bool:
@@ -109,24 +78,7 @@ def stop_process(entry: dict, signum: int = signal.SIGTERM, grace: float = 30.0)
     `grace` seconds, then SIGKILL what is left. -> True if something was running."""
     if not _is_ours(entry):
         return False
-    pid, group = entry["pid"], entry.get("group", False)
-    send = (lambda s: os.killpg(pid, s)) if group else (lambda s: os.kill(pid, s))
-    remaining = (lambda: _group_members(pid)) if group else (lambda: [pid] if alive(pid) else [])
-    try:
-        send(signum)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + grace
-    while remaining() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if remaining():
-        try:
-            send(signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        while remaining() and time.monotonic() < deadline + 10:
-            time.sleep(0.1)
-    return True
+    return procs.stop(entry["pid"], group=entry.get("group", False), grace=grace, signum=signum)
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -189,7 +141,8 @@ def start_servers(
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 spec["command"], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env={**os.environ, **spec["env"]}, cwd=root, start_new_session=True,  # its own process group
+                env={**os.environ, **spec["env"]}, cwd=root, start_new_session=True,  # its own group; detached:
+                # not guarded by rlanything.procs, it outlives the CLI until `server stop`
             )  # fmt: skip
         entry = {"pid": proc.pid, "group": True, "url": spec["url"], "health": spec["health"], "log": str(log),
                  "marker": spec["marker"], "command": spec["command"]}  # fmt: skip

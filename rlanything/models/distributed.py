@@ -40,6 +40,7 @@ from typing import Callable
 
 import torch
 
+from rlanything import procs
 from rlanything.models.lora import load_for_training, save_lora_checkpoint
 from rlanything.models.trainer import Sample, TorchBackend, make_optimizer, ppo_update
 
@@ -240,9 +241,14 @@ def launch_update(job: UpdateJob, samples: list[Sample], launch: list[str], job_
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     log = Path(f"{job_path}.log")
     with open(log, "w") as out:
-        proc = subprocess.run(
+        # Its own process group (the launcher and its workers), killed with this process even on SIGKILL.
+        proc = procs.spawn(
             [*launch, "-m", "rlanything.models.distributed", str(job_path)], stdout=out, stderr=subprocess.STDOUT, env=env
         )
+        try:
+            proc.wait()
+        finally:
+            procs.stop_popen(proc)  # interrupted, or workers left behind by the launcher
     if proc.returncode != 0 or not history_path.exists():
         tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
         raise RuntimeError(f"update launcher failed (exit {proc.returncode}); see {log}:\n{tail}")

@@ -42,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
+from rlanything import procs
 from rlanything.models.engine import Generation
 
 SERVED_NAME = "rlanything"
@@ -87,7 +88,9 @@ class VllmServer:
         for key in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):  # never leak our venv into vLLM's
             env.pop(key, None)
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(self.command(port), stdout=log, stderr=subprocess.STDOUT, env=env)
+        # Its own process group, killed with this process even on SIGKILL (the API server's engine
+        # and worker processes are in it).
+        self.process = procs.spawn(self.command(port), stdout=log, stderr=subprocess.STDOUT, env=env)
         atexit.register(self.close)
         return f"http://{self.config.host}:{port}"
 
@@ -132,13 +135,8 @@ class VllmServer:
         self.wait_ready()
 
     def close(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            procs.stop_popen(self.process, grace=30)
         self.process = None
 
 
