@@ -73,7 +73,7 @@ def _forget_watchdog() -> None:
     global _watchdog
     if _watchdog is not None and _watchdog.stdin is not None:
         try:
-            os.close(_watchdog.stdin.fileno())
+            _watchdog.stdin.close()  # the file object, not its fd: no double close later
         except OSError:
             pass
     _watchdog = None

@@ -122,11 +122,14 @@ def test_killed_training_process_leaves_no_process_behind(tmp_path, signum):
     command = [sys.executable, "-m", "rlanything.cli", "train", "-c", str(REPO / "configs" / "tiny.yaml"),
                "--set", f"run.root={tmp_path}", "--set", "env.num_problems=2",
                "--set", "policy.tasks_per_iteration=2", "--set", "policy.group_size=2"]  # fmt: skip
-    log = open(tmp_path / "train.log", "w")
-    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(tmp_path / "train.log", "w") as log:
+        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     tree: list[int] = []
+
+    def uvicorn(pids: list[int]) -> bool:
+        return any(" uvicorn " in cmdline(p) and "prefect.server" in cmdline(p) for p in pids)
+
     try:
-        uvicorn = lambda t: any(" uvicorn " in cmdline(p) and "prefect.server" in cmdline(p) for p in t)  # noqa: E731
         wait_for(proc, uvicorn, 180, "Prefect server")
         time.sleep(1.0)  # mid-startup: the server does not answer yet
         tree = procs.descendants(proc.pid)

@@ -1,8 +1,9 @@
 """Headless Chromium browsers for web environments: launched once, reused, killed when stuck.
 
 A `Browser` is one ChromeDriver + Chromium pair in its own process group, driven through
-Selenium; the group is killed when this process ends, however it ends (`rlanything.procs`). Every call into it runs with a wall-clock timeout: a call that hangs or fails gets
-the whole process group killed and raises `BrowserFailure`, so a broken browser costs one
+Selenium; the group is killed when this process ends, however it ends (`rlanything.procs`).
+Every call into it runs with a wall-clock timeout: a call that hangs or fails gets the whole
+process group killed and raises `BrowserFailure`, so a broken browser costs one
 episode (recorded as `env_error` by the rollout loop), never a hung iteration.
 
 A `BrowserPool` holds at most `size` browsers per process and lends them per call
@@ -94,6 +95,7 @@ class Browser:
         options.binary_location = self.chromium
         for flag in CHROMIUM_FLAGS:
             options.add_argument(flag)
+
         class GuardedService(Service):
             def _start_process(self, path: str) -> None:
                 super()._start_process(path)
