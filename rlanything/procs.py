@@ -5,16 +5,18 @@ and its Chromium, `accelerate launch`) is *guarded*: its pid, or its whole proce
 registered with this process's watchdog, a tiny Python process started on first use that holds
 the read end of a pipe only this process writes to. When this process ends in any way (normal
 exit, exception, SIGTERM, SIGKILL, the OOM killer) the kernel closes the write end, the watchdog
-reads end-of-file and SIGKILLs everything still registered, then exits.
+reads end-of-file and SIGKILLs everything still registered and every descendant of it (found
+through /proc before the first kill, so children that left the group, like torch elastic's
+workers under `accelerate launch`, go too), then exits.
 
 Why not `PR_SET_PDEATHSIG` alone: Linux sends that signal when the *thread* that forked the
 child ends, not the process, and several children are started from short-lived threads (a
 browser launch runs under a timeout thread; Prefect starts its server from whichever thread
 first needs a client); it also reaches only the direct child, while ChromeDriver's Chromium,
-vLLM's engine processes and accelerate's workers are grandchildren. A process group killed by a
-process that outlives us covers both. The limit: a child that puts itself in a new process group
-(none of ours does) escapes a group kill, and one killed in the microseconds between its start
-and its registration is not covered.
+vLLM's engine processes and accelerate's workers are grandchildren. A process group and its process tree,
+killed by a process that outlives us, covers both. The limits: a process that left the group
+and whose parent had already died when the watchdog looks is not found, and a child started in
+the microseconds before this process died, and not yet registered, is not covered.
 
 `rlanything server start` servers are deliberately not guarded: they are detached and outlive the
 CLI until `rlanything server stop`.
@@ -31,37 +33,43 @@ import time
 from pathlib import Path
 
 # The watchdog: reads "+g PGID", "+p PID", "-g PGID", "-p PID" lines until EOF, then kills what
-# is registered. A pid is remembered with its start time so a reused pid is never killed. No
-# rlanything import: it must start fast and cannot fail on an import path.
+# is registered and every descendant of it. A pid is remembered with its start time so a reused
+# pid is never killed. No rlanything import: it must start fast and cannot fail on an import path.
 WATCHDOG = r"""
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-def start(pid):
+def stat(pid):
     try:
-        stat = open(f"/proc/{pid}/stat").read()
+        text = open(f"/proc/{pid}/stat").read()
     except OSError:
         return None
-    return stat[stat.rindex(")") + 2:].split()[19]
+    fields = text[text.rindex(")") + 2:].split()
+    return fields[0], int(fields[1]), int(fields[2]), fields[19]  # state, ppid, pgid, start time
 groups, pids = set(), {}
 for line in sys.stdin:
     op, kind, num = line[0], line[1], int(line[2:])
     if kind == "g":
         (groups.add if op == "+" else groups.discard)(num)
     elif op == "+":
-        pids[num] = start(num)
+        pids[num] = (stat(num) or (0, 0, 0, None))[3]
     else:
         pids.pop(num, None)
-for pgid in groups:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:
-        pass
-for pid, started in pids.items():
-    if started is not None and start(pid) == started:
+for _ in range(3):  # again, for anything forked meanwhile
+    table = {int(p): s for p in os.listdir("/proc") if p.isdigit() and (s := stat(p)) and s[0] not in "ZX"}
+    doomed = {p for p, s in table.items() if s[2] in groups}
+    doomed |= {p for p, started in pids.items() if started is not None and p in table and table[p][3] == started}
+    while True:  # and their descendants, which may have left the group (torch elastic workers do)
+        more = {p for p, s in table.items() if s[1] in doomed} - doomed
+        if not more:
+            break
+        doomed |= more
+    for pid in doomed:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+    if not doomed:
+        break
 """
 
 _lock = threading.Lock()

@@ -69,10 +69,12 @@ PARENT = textwrap.dedent("""
     import subprocess, sys, threading, time
     from rlanything import procs
 
-    # A guarded group whose leader has a grandchild, started from a thread that ends at once
-    # (a parent-death signal would fire at that thread's end, the watchdog must not).
+    # A guarded group whose leader has two grandchildren, one of which leaves the group (as torch
+    # elastic's workers do), started from a thread that ends at once (a parent-death signal would
+    # fire at that thread's end, the watchdog must not).
     box = {}
-    thread = threading.Thread(target=lambda: box.update(g=procs.spawn(["sh", "-c", "sleep 300 & sleep 301; wait"])))
+    command = ["sh", "-c", "sleep 300 & setsid sleep 303 & sleep 301; wait"]
+    thread = threading.Thread(target=lambda: box.update(g=procs.spawn(command)))
     thread.start(); thread.join()
     # A guarded single process, ignoring SIGTERM like Prefect's uvicorn does.
     single = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(302)"])
@@ -88,11 +90,12 @@ def test_guarded_children_and_grandchildren_die_with_their_parent(signum):
                             stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     try:
         assert proc.stdout.readline().strip() == "ready"
-        tree = procs.descendants(proc.pid)
+        # sh, its three sleeps (one in a session of its own), the SIGTERM-ignoring python, the watchdog
+        tree = wait_for(proc, lambda t: sum(cmdline(p).startswith("sleep 30") for p in t) == 3, 10, "three sleeps")
         commands = [cmdline(p) for p in tree]
-        # sh, its two sleeps, the SIGTERM-ignoring python, the watchdog
-        assert sum("sleep 30" in c for c in commands) >= 2 and any("sleep(302)" in c for c in commands), commands
-        assert len(tree) >= 5, commands
+        assert any("sleep(302)" in c for c in commands), commands
+        assert any(procs._proc_stat(p)[2] != procs._proc_stat(proc.pid)[2] for p in tree if "sleep 303" in cmdline(p))
+        assert len(tree) >= 6, commands
         kill_alone(proc, signum)
         assert survivors(tree) == []
     finally:
