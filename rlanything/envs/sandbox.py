@@ -123,7 +123,7 @@ def _world_reachable(path: str) -> bool:
     """Can a stranger (neither owner nor group) read and run `path`? Each parent needs o+x."""
     real = Path(os.path.realpath(path))
     try:
-        if not real.stat().st_mode & 0o005 == 0o005:
+        if real.stat().st_mode & 0o005 != 0o005:
             return False
         return all(parent.stat().st_mode & 0o001 for parent in real.parents)
     except OSError:
@@ -174,7 +174,7 @@ def _probe_bwrap(bwrap: str, python: str, prefix: str, uid: int | None) -> str:
     cmd = _bwrap_argv(bwrap, python, prefix, Limits(), {}) + [python, "-I", "-S", "-c", "pass"]
     try:
         done = subprocess.run(cmd, env={}, cwd="/", capture_output=True, timeout=30, stdin=subprocess.DEVNULL,
-                              preexec_fn=_drop_privileges(uid) if uid is not None else None)  # fmt: skip
+                              check=False, preexec_fn=_drop_privileges(uid) if uid is not None else None)  # fmt: skip
     except (OSError, subprocess.SubprocessError) as err:
         return f"{type(err).__name__}: {err}"
     return "" if done.returncode == 0 else done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"

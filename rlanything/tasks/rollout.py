@@ -8,8 +8,7 @@ import shutil
 
 import pandas as pd
 
-from rlanything.envs import make_env
-from rlanything.envs import sandbox
+from rlanything.envs import make_env, sandbox
 from rlanything.envs.base import env_class, replayable
 from rlanything.models.engine import PrefixCache, make_engine
 from rlanything.models.rollout import play

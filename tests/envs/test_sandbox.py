@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-import rlanything.envs.sandbox as sandbox
+from rlanything.envs import sandbox
 from rlanything.envs.sandbox import Limits, outputs_match, run_program, run_tests
 
 FAST = Limits(timeout_s=2.0, memory_mb=256, max_file_mb=1, max_processes=8)
