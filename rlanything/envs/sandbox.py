@@ -26,7 +26,8 @@ or `run_tests` (a list of tests -> one pass/fail per test). The layers:
   memory bomb gets MemoryError), RLIMIT_FSIZE (largest file, stdout included: output goes to a
   file outside the sandbox), RLIMIT_NPROC (processes and threads of the uid: a fork bomb stops
   forking), RLIMIT_NOFILE, RLIMIT_CORE = 0 and no_new_privs. The tmpfs sizes cap the total
-  the code can store (`Limits.disk_mb` each).
+  the code can store (`Limits.disk_mb` each). util-linux's `setpriv` (uid, no_new_privs) and
+  `prlimit` (the limits) apply them after exec: a preexec_fn is unsafe in our threaded process.
 * **A wall-clock timeout**: at the deadline the code (the namespace's init) is SIGKILLed.
 * **An empty environment**: only PATH, LANG, HOME and TMPDIR; no inherited tokens or secrets.
 
@@ -47,13 +48,11 @@ tests compare the output in our process and are immune to that.
 from __future__ import annotations
 
 import collections
-import ctypes
 import functools
 import json
 import logging
 import math
 import os
-import resource
 import secrets
 import shutil
 import signal
@@ -69,7 +68,6 @@ log = logging.getLogger(__name__)
 
 SANDBOX_UID_BASE = 200_000
 WORKDIR = "/sandbox"  # the code's working folder inside bubblewrap
-_PR_SET_NO_NEW_PRIVS = 38
 _BWRAP_PROCESSES = 2  # bwrap outside + bwrap as the namespace's init: counted by RLIMIT_NPROC
 RUNS: collections.Counter[str] = collections.Counter()
 """Programs run per isolation ("bubblewrap" or "weak") in this process."""
@@ -113,6 +111,8 @@ class Runtime:
     uid: int | None  # the uid bwrap (or the weak child) runs as; None: we keep ours
     bwrap: str | None  # bwrap's path when it runs here, else None
     notes: str  # why bwrap cannot run, or ""
+    setpriv: str = "setpriv"  # util-linux's setpriv and prlimit
+    prlimit: str = "prlimit"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,12 +169,14 @@ def _bwrap_argv(bwrap: str, python: str, prefix: str, limits: Limits, files: dic
     return argv
 
 
-def _probe_bwrap(bwrap: str, python: str, prefix: str, uid: int | None) -> str:
+def _probe_bwrap(bwrap: str, python: str, prefix: str, uid: int | None, tools: tuple[str, str]) -> str:
     """'' if bwrap runs `python` here as `uid`, else why not."""
-    cmd = _bwrap_argv(bwrap, python, prefix, Limits(), {}) + [python, "-I", "-S", "-c", "pass"]
+    nproc = 64 + (0 if uid is not None else _own_process_count())
+    cmd = [*_wrappers(tools, Limits(), 30, nproc, uid), *_bwrap_argv(bwrap, python, prefix, Limits(), {}),
+           python, "-I", "-S", "-c", "pass"]  # fmt: skip
     try:
         done = subprocess.run(cmd, env={}, cwd="/", capture_output=True, timeout=30, stdin=subprocess.DEVNULL,
-                              check=False, preexec_fn=_drop_privileges(uid) if uid is not None else None)  # fmt: skip
+                              check=False)  # fmt: skip
     except (OSError, subprocess.SubprocessError) as err:
         return f"{type(err).__name__}: {err}"
     return "" if done.returncode == 0 else done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
@@ -190,15 +192,19 @@ def runtime() -> Runtime:
             "no Python interpreter the sandbox user can run: ours lies in a folder other users cannot "
             "enter; install a system python3 (apt-get install python3)"
         )
+    tools = (shutil.which("setpriv"), shutil.which("prlimit"))
+    if None in tools:
+        raise SandboxUnavailable("util-linux's setpriv and prlimit are needed (apt-get install util-linux)")
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        return Runtime(*pythons[0], uid, None, "bwrap is not installed (apt-get install bubblewrap, or make system-deps)")
+        why = "bwrap is not installed (apt-get install bubblewrap, or make system-deps)"
+        return Runtime(*pythons[0], uid, None, why, *tools)
     why = ""
     for python, prefix in pythons:
-        why = _probe_bwrap(bwrap, python, prefix, uid)
+        why = _probe_bwrap(bwrap, python, prefix, uid, tools)
         if not why:
-            return Runtime(python, prefix, uid, bwrap, "")
-    return Runtime(*pythons[0], uid, None, f"bwrap cannot run here: {why}")
+            return Runtime(python, prefix, uid, bwrap, "", *tools)
+    return Runtime(*pythons[0], uid, None, f"bwrap cannot run here: {why}", *tools)
 
 
 def checked_runtime(limits: Limits) -> Runtime:
@@ -243,31 +249,13 @@ def _own_process_count() -> int:
     return count
 
 
-def _drop_privileges(uid: int):
-    def drop() -> None:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-
-    return drop
-
-
-def _limit_child(cpu_s: int, limits: Limits, nproc: int, uid: int | None):
-    """The preexec_fn: runs in the child between fork and exec (of bwrap, or of the weak child)."""
+def _wrappers(tools: tuple[str, str], limits: Limits, cpu_s: int, nproc: int, uid: int | None) -> list[str]:
+    """setpriv (the throw-away uid, no groups, no_new_privs) then prlimit (the rlimits): the
+    command they prefix runs with those, and so does everything it starts."""
     mem, fsize = limits.memory_mb * 2**20, limits.max_file_mb * 2**20
-
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        ctypes.CDLL(None).prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-        if uid is not None:
-            _drop_privileges(uid)()
-
-    return apply
+    drop = ["--reuid", str(uid), "--regid", str(uid), "--clear-groups"] if uid is not None else []
+    return [tools[0], *drop, "--no-new-privs", tools[1], f"--cpu={cpu_s}:{cpu_s + 1}", f"--as={mem}",
+            f"--fsize={fsize}", f"--nproc={nproc}", "--nofile=64", "--core=0", "--"]  # fmt: skip
 
 
 _weak_lock = threading.Lock()
@@ -373,14 +361,15 @@ def run_program(
         nproc = limits.max_processes + (0 if weak else _BWRAP_PROCESSES)
         nproc += 0 if rt.uid is not None else _own_process_count()
         cpu_s = max(1, math.ceil(wall_s)) + 1
-        cmd = [*prefix, rt.python, "-I", "-S", *(argv or ["main.py"])]
+        wrap = _wrappers((rt.setpriv, rt.prlimit), limits, cpu_s, nproc, rt.uid)
+        cmd = [*wrap, *prefix, rt.python, "-I", "-S", *(argv or ["main.py"])]
         start = time.monotonic()
         with _weak_lock:
             _weak_in_flight += weak
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
                 cmd, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=cwd, env=env, pass_fds=tuple(fds.values()),
-                preexec_fn=_limit_child(cpu_s, limits, nproc, rt.uid), start_new_session=True,
+                start_new_session=True,
             )  # fmt: skip
             timed_out = False
             try:
