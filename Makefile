@@ -50,12 +50,12 @@ $(WHEELS)/$(FD)-py3-none-any.whl: | $(VENV)/.installed
 	$(BIN)/pip install -q setuptools wheel
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pip wheel -q --no-build-isolation --no-deps -w $(WHEELS) fast-downward-textworld==20.6.4
 
-# Debian's Chromium + ChromeDriver (browser tests, MiniWoB++) and Java (TextWorld-Express).
+# Debian's Chromium + ChromeDriver (browser tests, MiniWoB++), Java (TextWorld-Express) and bubblewrap (the coding sandbox).
 system-deps:
-	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v java >/dev/null; then :; \
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v java >/dev/null && command -v bwrap >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver default-jre-headless >/dev/null; \
-	else echo "install chromium, chromium-driver and a Java runtime (e.g. apt-get install chromium chromium-driver default-jre-headless)"; exit 1; fi
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver default-jre-headless bubblewrap >/dev/null; \
+	else echo "install chromium, chromium-driver, a Java runtime and bubblewrap (e.g. apt-get install chromium chromium-driver default-jre-headless bubblewrap)"; exit 1; fi
 
 demo: install
 	$(BIN)/rlanything train --config configs/tiny.yaml

@@ -276,6 +276,15 @@ class SandboxConfig(_Section):
     """Largest file the code may write, its stdout included (RLIMIT_FSIZE), MiB."""
     max_processes: int = Field(16, ge=1)
     """Processes/threads the code may run at once (RLIMIT_NPROC)."""
+    disk_mb: int = Field(64, ge=1)
+    """Size of each of the code's private tmpfs (its working folder, /tmp, /dev/shm), MiB: the
+    most it can store, 3x this in all (tmpfs lives in memory, outside the memory limit)."""
+    isolation: Literal["bubblewrap", "weak"] = "bubblewrap"
+    """`bubblewrap`: generated code runs only inside bubblewrap (a private file system view, no
+    network, no user namespaces); where bwrap cannot run, running code fails with a clear error.
+    `weak`: bubblewrap where it runs, else a plain child process with the same limits that CAN read
+    world-readable files, write to world-writable folders and use the network (logged as a
+    warning; the metric verify/sandbox_weak_runs counts such runs)."""
 
 
 class CodingConfig(_Section):

