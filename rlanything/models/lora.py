@@ -103,7 +103,8 @@ def save_lora_checkpoint(model, tokenizer, out_dir: Path, save: str) -> None:
     """
     from rlanything.storage.checkpoints import write_folder
 
-    write_folder(Path(out_dir), lambda folder: write_lora_files(model, tokenizer, folder, save), lora_bytes(model, save))
+    needed = lora_bytes(model, save)
+    write_folder(Path(out_dir), lambda folder: write_lora_files(model, tokenizer, folder, save), needed)
 
 
 def lora_bytes(model, save: str) -> int:

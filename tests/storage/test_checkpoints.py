@@ -132,7 +132,7 @@ def test_prune_keeps_the_newest_weights_and_only_the_newest_optimizer_state(tmp_
         names = entries(layout.run_dir / "checkpoints" / kind)
         assert names == ["iter_0002", "iter_0003", "iter_0004"]
         assert entries(layout.checkpoint(kind, 2)) == ["config.json", "model.safetensors"]  # weights only
-        assert "optimizer.pt" in entries(layout.checkpoint(kind, 3)) and "optimizer.pt" in entries(layout.checkpoint(kind, 4))
+        assert all("optimizer.pt" in entries(layout.checkpoint(kind, i)) for i in (3, 4))
     assert (layout.checkpoint("rm", 3) / "deepspeed_state").is_dir()
     # policy: 2 whole folders (302 each) + iteration 2's optimizer (200) + the leftover (7);
     # rm: 2 whole folders (502 each) + iteration 2's optimizer and ZeRO state (400)
@@ -156,7 +156,8 @@ def test_prune_never_removes_the_base_of_a_kept_lora_adapter(tmp_path):
     fake_checkpoint(layout.checkpoint("policy", 1), weights=10, optim=10)
     adapter = layout.checkpoint("policy", 1) / "adapter"
     adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(layout.checkpoint("policy", 0))}))
+    base = {"base_model_name_or_path": str(layout.checkpoint("policy", 0))}
+    (adapter / "adapter_config.json").write_text(json.dumps(base))
     pruned = prune(layout, 1, 1)
     assert layout.checkpoint("policy", 0).is_dir() and not (layout.checkpoint("policy", 0) / "optimizer.pt").exists()
     assert [p.name for p in pruned.removed] == ["optimizer.pt"]
