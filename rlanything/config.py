@@ -38,6 +38,11 @@ class RunConfig(_Section):
     """Master seed; every step's randomness derives from (seed, iteration, step)."""
     iterations: int = Field(2, ge=1)
     """Number of training iterations (one Prefect flow run each)."""
+    keep_checkpoints: int | None = Field(None, ge=1)
+    """Keep the weights of the newest K finished iterations, and AdamW state only in the newest
+    (what the next iteration and a resume read); older checkpoints are deleted once an iteration
+    is done. None keeps every checkpoint with its optimizer state. Not in the run's digest: it
+    changes no file a step writes."""
     mlflow_uri: str | None = None
     """MLflow tracking URI; default `sqlite:///<root>/mlflow.db`."""
     experiment: str = "rlanything"
@@ -445,10 +450,11 @@ class Config(_Section):
 
     def digest(self) -> str:
         """Stable hash of what determines a run's artifacts (part of every step's cache key).
-        `run.iterations` is left out: extending a run must not invalidate finished steps; so is
-        `run.step_deployments`: moving a step to another machine changes none of its files."""
+        `run.iterations` is left out: extending a run must not invalidate finished steps; so are
+        `run.step_deployments` and `run.keep_checkpoints`: where a step runs and how many old
+        checkpoints stay change none of its files."""
         data = self.to_dict()
-        del data["run"]["iterations"], data["run"]["step_deployments"]
+        del data["run"]["iterations"], data["run"]["step_deployments"], data["run"]["keep_checkpoints"]
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -19,7 +19,7 @@ from prefect import flow, get_run_logger
 
 from rlanything.flows.runlock import run_lock
 from rlanything.flows.steps import run_on_deployment
-from rlanything.storage import reports, tracking
+from rlanything.storage import checkpoints, reports, tracking
 from rlanything.storage.layout import RunLayout
 from rlanything.tasks.adapt import adapt_tasks
 from rlanything.tasks.common import mlflow_run_id, open_run, step_options
@@ -58,7 +58,13 @@ def iteration_flow(run_dir: str, iteration: int) -> dict[str, float]:
         ]
         metrics = {k: v for r in results for k, v in r["metrics"].items()}
         _record(layout, iteration, metrics, states)
-    return metrics
+        # Only now that the iteration is done: until then a resume reads the previous checkpoints.
+        pruned = checkpoints.prune(layout, config.run.keep_checkpoints, iteration)
+        tracking.log_metrics(config.mlflow_uri, mlflow_run_id(layout), pruned.metrics(), step=iteration)
+        logger.info("checkpoints: removed %s (%d bytes); %d bytes on disk",
+                    [p.relative_to(layout.run_dir).as_posix() for p in pruned.removed] or "nothing",
+                    pruned.bytes_removed, pruned.bytes_on_disk)  # fmt: skip
+    return metrics | pruned.metrics()
 
 
 def _record(layout: RunLayout, iteration: int, metrics: dict[str, float], states: dict[str, str]) -> None:

@@ -23,6 +23,8 @@ DeepSpeed notes: rlanything sets the ZeRO `gradient_clipping` from `optim.grad_c
 (ACCELERATE_GRADIENT_CLIPPING), keeps its own AdamW (the DeepSpeed config has no optimizer
 section), and stores the ZeRO optimizer state in the checkpoint's `deepspeed_state/` (loaded
 by the next update when it runs with the same number of processes; otherwise AdamW restarts).
+That state is written into the checkpoint folder after the folder itself appears (a collective
+of all processes); the update step's Parquet, written last, is what marks the step done.
 LoRA works with ZeRO 0–2; ZeRO-3 partitions the frozen base too, and merging a partitioned
 model is not supported here: use ZeRO-2 with LoRA.
 """
@@ -41,8 +43,8 @@ from typing import Callable
 import torch
 
 from rlanything import procs
-from rlanything.models.lora import load_for_training, save_lora_checkpoint
-from rlanything.models.trainer import Sample, TorchBackend, make_optimizer, ppo_update
+from rlanything.models.lora import load_for_training
+from rlanything.models.trainer import OPTIMIZER_STATE, Sample, TorchBackend, make_optimizer, ppo_update, save_checkpoint
 
 DEEPSPEED_STATE = "deepspeed_state"
 
@@ -118,21 +120,12 @@ def _optimizer_state(job: UpdateJob) -> Path | None:
     """optimizer.pt of `start` if it matches what we train (adapter moments vs all weights)."""
     start = Path(job.start)
     has_adapter = (start / "adapter" / "adapter_config.json").is_file()
-    return start / "optimizer.pt" if has_adapter == _lora(job).enabled else None
+    return start / OPTIMIZER_STATE if has_adapter == _lora(job).enabled else None
 
 
 def _save(model, tokenizer, optimizer, job: UpdateJob, state_dict=None) -> None:
-    from rlanything.models.loading import save_model
-
-    out, lora = Path(job.out), _lora(job)
-    if lora.enabled:
-        save_lora_checkpoint(model, tokenizer, out, lora.save)
-    else:
-        save_model(model, tokenizer, out, state_dict=state_dict)
-    if optimizer is not None:
-        tmp = out / ".optimizer.pt.tmp"
-        torch.save(optimizer.state_dict(), tmp)
-        os.replace(tmp, out / "optimizer.pt")
+    lora = _lora(job)
+    save_checkpoint(model, tokenizer, optimizer, Path(job.out), lora.save if lora.enabled else None, state_dict)
 
 
 def run_update(

@@ -242,28 +242,40 @@ def load_model(path: Path, dtype: str = "float32"):
     return model.eval()
 
 
+def tensor_bytes(state: dict) -> int:
+    """Bytes of the distinct tensors in a (possibly nested) state dict: what saving it writes,
+    give or take headers (tied weights are counted once)."""
+    import torch
+
+    seen, total, stack = set(), 0, [state]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            key = (item.untyped_storage().data_ptr(), item.storage_offset(), item.numel()) if item.numel() else id(item)
+            if key not in seen:
+                seen.add(key)
+                total += item.numel() * item.element_size()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total
+
+
+def write_model_files(model, tokenizer, folder: Path, state_dict=None) -> None:
+    """Model (safetensors) + tokenizer into an existing folder. ``state_dict`` replaces the
+    model's own weights (DeepSpeed ZeRO-3 gathers them into one)."""
+    model.save_pretrained(folder, safe_serialization=True, state_dict=state_dict)
+    tokenizer.save_pretrained(folder)
+
+
 def save_model(model, tokenizer, out_dir: Path, state_dict=None) -> None:
     """Save model + tokenizer as an HF safetensors folder, replacing ``out_dir``.
 
-    The new folder is complete before it appears; an existing ``out_dir`` is
-    moved aside, replaced, then deleted. ``state_dict`` replaces the model's own
-    weights (DeepSpeed ZeRO-3 gathers them into one).
+    The new folder is complete before it appears (``storage.checkpoints.write_folder``); a full
+    disk leaves nothing behind and raises ``CheckpointWriteError``.
     """
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    old = tmp.with_name(tmp.name + "-old")
-    try:
-        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
-        tokenizer.save_pretrained(tmp)
-        tmp.chmod(0o755)
-        if out_dir.exists():
-            os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        if old.exists() and not out_dir.exists():
-            os.replace(old, out_dir)  # put the previous version back
-        raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+    from rlanything.storage.checkpoints import write_folder
+
+    weights = tensor_bytes(state_dict if state_dict is not None else model.state_dict())
+    write_folder(Path(out_dir), lambda folder: write_model_files(model, tokenizer, folder, state_dict), weights)

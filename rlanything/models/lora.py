@@ -22,7 +22,6 @@ update; in float32 they agree to ~1e-6. Dropout defaults to 0 for the same reaso
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 ADAPTER_DIR = "adapter"
@@ -96,45 +95,40 @@ def load_merged(path: Path, dtype: str):
 
 
 def save_lora_checkpoint(model, tokenizer, out_dir: Path, save: str) -> None:
-    """Write a LoRA model's checkpoint folder (see the module docstring); `out_dir` is replaced.
+    """Write a LoRA model's checkpoint folder (see the module docstring); `out_dir` is replaced,
+    whole or not at all (`storage.checkpoints.write_folder`).
 
     Consumes `model`: with `save: merged` the adapters are merged into the base weights in
     place (peft's merge_and_unload), so call this last.
     """
-    from rlanything.models.loading import save_model
+    from rlanything.storage.checkpoints import write_folder
 
-    out_dir = Path(out_dir)
-    staged = out_dir.parent / f".{out_dir.name}.adapter-tmp"
-    shutil.rmtree(staged, ignore_errors=True)
-    model.save_pretrained(staged)  # adapter_config.json + adapter_model.safetensors
-    try:
-        if save == "merged":
-            save_model(model.merge_and_unload(), tokenizer, out_dir)
-        elif save == "adapter":
-            _save_config_and_tokenizer(model, tokenizer, out_dir)
-        else:
-            raise ValueError(f"lora.save must be merged or adapter, got {save!r}")
-        shutil.rmtree(out_dir / ADAPTER_DIR, ignore_errors=True)
-        staged.rename(out_dir / ADAPTER_DIR)
-    finally:
-        shutil.rmtree(staged, ignore_errors=True)
+    needed = lora_bytes(model, save)
+    write_folder(Path(out_dir), lambda folder: write_lora_files(model, tokenizer, folder, save), needed)
 
 
-def _save_config_and_tokenizer(model, tokenizer, out_dir: Path) -> None:
-    """config.json (+ generation config) and tokenizer, no weights, written atomically."""
-    import os
-    import tempfile
+def lora_bytes(model, save: str) -> int:
+    """About what `write_lora_files` writes: the adapter, plus the merged weights if `merged`."""
+    from rlanything.models.loading import tensor_bytes
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+    adapter = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    base = tensor_bytes(model.get_base_model().state_dict()) if save == "merged" else 0
+    return adapter + base
+
+
+def write_lora_files(model, tokenizer, folder: Path, save: str) -> None:
+    """The adapter in `folder/adapter/`, and merged weights or (`save: adapter`) only config.json
+    and the tokenizer at the top of `folder` (an existing, empty folder). Consumes `model`."""
+    from rlanything.models.loading import write_model_files
+
+    if save not in ("merged", "adapter"):
+        raise ValueError(f"lora.save must be merged or adapter, got {save!r}")
+    folder = Path(folder)
+    model.save_pretrained(folder / ADAPTER_DIR)  # adapter_config.json + adapter_model.safetensors
+    if save == "merged":
+        write_model_files(model.merge_and_unload(), tokenizer, folder)
+    else:
         base = model.get_base_model()
-        base.config.save_pretrained(tmp)
-        base.generation_config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        tmp.chmod(0o755)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        base.config.save_pretrained(folder)
+        base.generation_config.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)

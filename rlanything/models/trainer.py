@@ -16,7 +16,6 @@ the all-reduced (averaged) gradient is still the mini-batch's mean over sequence
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,6 @@ import torch
 
 from rlanything.algo.losses import ppo_clip_loss
 from rlanything.models.engine import response_logprobs
-from rlanything.models.loading import save_model
 
 
 @dataclass
@@ -94,12 +92,32 @@ def make_optimizer(model, lr: float, weight_decay: float, state_path: Path | Non
     return optimizer
 
 
-def save_checkpoint(model, tokenizer, optimizer, out_dir: Path) -> None:
-    """HF folder (atomic) plus `optimizer.pt` (atomic) for resuming AdamW's moments."""
-    save_model(model, tokenizer, out_dir)
-    tmp = out_dir / ".optimizer.pt.tmp"
-    torch.save(optimizer.state_dict(), tmp)
-    os.replace(tmp, out_dir / "optimizer.pt")
+OPTIMIZER_STATE = "optimizer.pt"  # AdamW's moments in a checkpoint folder, read back by make_optimizer
+
+
+def save_checkpoint(model, tokenizer, optimizer, out_dir: Path, lora_save: str | None = None, state_dict=None) -> None:
+    """One checkpoint folder, replacing `out_dir` whole or not at all (a full disk raises
+    `storage.checkpoints.CheckpointWriteError` and leaves nothing behind): the HF weights and
+    tokenizer (`state_dict` replaces the model's own, as DeepSpeed ZeRO-3 gathers them), or with
+    `lora_save` ("merged" / "adapter") the LoRA folder of `models.lora`, plus `optimizer.pt`
+    for resuming AdamW's moments (skipped when `optimizer` is None: DeepSpeed keeps its own)."""
+    from rlanything.models.loading import tensor_bytes, write_model_files
+    from rlanything.models.lora import lora_bytes, write_lora_files
+    from rlanything.storage.checkpoints import write_folder
+
+    def write(folder: Path) -> None:
+        if optimizer is not None:  # first: merging LoRA adapters changes the model in place
+            torch.save(optimizer.state_dict(), folder / OPTIMIZER_STATE)
+        if lora_save is not None:
+            write_lora_files(model, tokenizer, folder, lora_save)
+        else:
+            write_model_files(model, tokenizer, folder, state_dict)
+
+    if lora_save is not None:
+        weights = lora_bytes(model, lora_save)
+    else:
+        weights = tensor_bytes(state_dict if state_dict is not None else model.state_dict())
+    write_folder(Path(out_dir), write, weights + (tensor_bytes(optimizer.state_dict()) if optimizer is not None else 0))
 
 
 def ppo_update(

@@ -14,6 +14,7 @@ from rlanything.models.distributed import UpdateJob, launch_update, run_update
 from rlanything.models.trainer import Sample
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
+from rlanything.storage.checkpoints import folder_bytes
 from rlanything.storage.parquet import read_table, write_table
 from rlanything.storage.schemas import ADVANTAGES, JUDGMENTS, ROLLOUTS, UPDATE
 from rlanything.tasks.common import model_path, open_run, step_task
@@ -47,6 +48,7 @@ def _update(run_dir: str, iteration: int, kind: str, samples: list[Sample], sect
     path = write_table(history, UPDATE, layout.artifact(iteration, f"{kind}_update"))  # last: marks the step done
     frame = pd.DataFrame(history, columns=UPDATE.names)
     metrics = {f"{kind}/samples": len(samples), f"{kind}/optimizer_steps": len(history)}
+    metrics[f"checkpoint/{kind}_bytes_written"] = folder_bytes(layout.checkpoint(kind, iteration))
     if history:
         weights = frame.num_samples / frame.num_samples.sum()
         for key in ("loss", "pg_loss", "kl", "clip_frac", "grad_norm"):
