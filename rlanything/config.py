@@ -385,6 +385,19 @@ class TrainConfig(_Section):
         return self
 
 
+class EvalConfig(_Section):
+    every: int = Field(0, ge=0)
+    """Evaluate the newest policy checkpoint on held-out problems (`rlanything eval`) after every
+    N training iterations; 0: never during training."""
+    problems: int = Field(64, ge=1)
+    """Held-out problems per split, one greedy episode each."""
+    splits: list[Literal["in_domain", "ood"]] = ["in_domain", "ood"]
+    """Splits evaluated: in_domain (the training generator, unseen seeds) and/or ood (harder
+    knobs, bigger worlds or other task kinds)."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Token budget of one greedy step; default policy.max_new_tokens."""
+
+
 class Config(_Section):
     run: RunConfig = RunConfig()
     """Run identity, seed and tracking."""
@@ -400,6 +413,8 @@ class Config(_Section):
     """Task adaptation."""
     train: TrainConfig = TrainConfig()
     """Where and how the policy and RM updates run (plain torch, accelerate, DeepSpeed)."""
+    eval: EvalConfig = EvalConfig()
+    """Held-out evaluation (`rlanything eval`) and how often training runs it."""
 
     @model_validator(mode="after")
     def _vllm_needs_plain_folders(self) -> "Config":
@@ -436,10 +451,12 @@ class Config(_Section):
 
     def digest(self) -> str:
         """Stable hash of what determines a run's artifacts (part of every step's cache key).
-        `run.iterations` is left out: extending a run must not invalidate finished steps; so is
-        `run.step_deployments`: moving a step to another machine changes none of its files."""
+        `run.iterations` is left out: extending a run must not invalidate finished steps; so are
+        `run.step_deployments` (moving a step to another machine changes none of its files) and
+        `eval` (evaluation only reads checkpoints)."""
         data = self.to_dict()
         del data["run"]["iterations"], data["run"]["step_deployments"]
+        data.pop("eval")  # evaluation reads checkpoints; it changes none of training's files
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
