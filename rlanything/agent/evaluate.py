@@ -93,10 +93,11 @@ def play_greedy(
     by_traj: dict[int, list[dict]] = {}
     for row in steps:
         by_traj.setdefault(row["traj_id"], []).append(row)
-    return [
-        episode_row(split, env_config.kind, k, specs[k], traj, sorted(by_traj.get(k, []), key=lambda r: r["step_idx"]), envs[k])
-        for k, traj in enumerate(sorted(trajectories, key=lambda t: t["traj_id"]))
-    ]  # fmt: skip
+    rows = []
+    for k, traj in enumerate(sorted(trajectories, key=lambda t: t["traj_id"])):
+        traj_steps = sorted(by_traj.get(k, []), key=lambda r: r["step_idx"])
+        rows.append(episode_row(split, env_config.kind, k, specs[k], traj, traj_steps, envs[k]))
+    return rows
 
 
 def episode_row(split: str, kind: str, index: int, spec: dict, traj: dict, steps: list[dict], env: ScoredEnv) -> dict:

@@ -5,10 +5,11 @@ An environment may define (an optional part of the Environment protocol)
     @staticmethod
     def heldout_specs(config: EnvConfig, split: str, n: int, seed: int) -> list[dict]:
 
-the first `n` specs of `split` (fewer only where a finite benchmark runs out) ("in_domain": the training generator or game kind on problems
-training never draws; "ood": harder knobs, bigger worlds or other task kinds), for a run whose
-`initial_specs` got `seed` (run.seed). The list for n is a prefix of the list for n + 1, so an
-evaluation can draw a few spare specs and drop any that a particular run still met.
+the first `n` specs of `split` (fewer only where a finite benchmark runs out) for a run whose
+`initial_specs` got `seed` (run.seed): "in_domain", the training generator or game kind on
+problems training never draws, or "ood", harder knobs, bigger worlds or other task kinds. The
+list for n is a prefix of the list for n + 1, so an evaluation can draw a few spare specs and
+drop any that a particular run still met.
 
 Seeded generators number the problems of a new buffer `seed * STRIDE + slot` (every
 `initial_specs` here does). Evaluation seeds are the ones whose residue modulo STRIDE is in the

@@ -484,7 +484,8 @@ class MiniWoBEnv:
         task is never trained on."""
         from rlanything.envs.heldout import STRIDE, heldout_seeds
 
-        tasks = list(config.miniwob.tasks) if split == "in_domain" else [t for t in OOD_TASKS if t not in config.miniwob.tasks]
+        ood = [t for t in OOD_TASKS if t not in config.miniwob.tasks]
+        tasks = list(config.miniwob.tasks) if split == "in_domain" else ood
         if not tasks:
             raise ValueError("env.miniwob.tasks is empty" if split == "in_domain" else "no MiniWoB++ OOD task left")
         base = -(-(2**31) // STRIDE) * STRIDE  # the first multiple of STRIDE above 2**31

@@ -114,7 +114,8 @@ def eval_flow(target: str, config_path: str | None = None, overrides: list[str] 
         raise ConfigError(f"unknown split {split!r}; one of {', '.join(SPLITS)} or all")
     if resolved.run_dir is not None:
         out = eval_dir(resolved.run_dir, resolved.iteration)
-        run_id, artifact_path, step = (resolved.run_dir / "mlflow_run_id").read_text().strip(), f"eval/{out.name}", resolved.iteration
+        run_id = (resolved.run_dir / "mlflow_run_id").read_text().strip()
+        artifact_path, step = f"eval/{out.name}", resolved.iteration
     else:
         safe = re.sub(r"[^A-Za-z0-9._-]+", "_", resolved.label).strip("_")
         out = Path(config.run.root).resolve() / "eval" / safe
@@ -132,15 +133,21 @@ def eval_flow(target: str, config_path: str | None = None, overrides: list[str] 
     report = eval_report([p for part in parts for p in part["paths"]], str(out), title, details)
     metrics = {k: v for part in parts for k, v in part["metrics"].items()} | report["metrics"]
     metrics["eval/time_s"] = time.perf_counter() - start
-    record = {"iteration": resolved.iteration, "weights": resolved.label, "splits": report["splits"],
-              "wall_time_s": training_wall_time(resolved.run_dir, resolved.iteration) if resolved.run_dir else None}  # fmt: skip
-    (out / "summary.json").write_text(json.dumps(record, indent=2))
-    tracking.log_metrics(config.mlflow_uri, run_id, {k: v for k, v in metrics.items() if not math.isnan(v)}, step=step)
-    files = [Path(p) for p in report["paths"]] + [out / "summary.json"]
-    tracking.log_artifacts(config.mlflow_uri, run_id, files, artifact_path)
-    curves = None
-    if resolved.run_dir is not None:
-        curves = plot_eval_curves(eval_history(resolved.run_dir), resolved.run_dir / "eval_curves.png")
-        tracking.log_artifacts(config.mlflow_uri, run_id, [curves], None)
+    curves = _record(config.mlflow_uri, run_id, resolved, out, report, metrics, artifact_path, step)
     return {"out_dir": str(out), "summary": report["splits"], "metrics": metrics, "mlflow_run_id": run_id,
             "mlflow_uri": config.mlflow_uri, "curves": str(curves) if curves else None}  # fmt: skip
+
+
+def _record(uri: str, run_id: str, resolved: EvalTarget, out: Path, report: dict, metrics: dict[str, float],
+            artifact_path: str, step: int) -> Path | None:  # fmt: skip
+    """summary.json (the curve's point), MLflow metrics and files; a run's eval_curves.png redrawn."""
+    wall = training_wall_time(resolved.run_dir, resolved.iteration) if resolved.run_dir else None
+    record = {"iteration": resolved.iteration, "weights": resolved.label, "splits": report["splits"], "wall_time_s": wall}
+    (out / "summary.json").write_text(json.dumps(record, indent=2))
+    tracking.log_metrics(uri, run_id, {k: v for k, v in metrics.items() if not math.isnan(v)}, step=step)
+    tracking.log_artifacts(uri, run_id, [Path(p) for p in report["paths"]] + [out / "summary.json"], artifact_path)
+    if resolved.run_dir is None:
+        return None
+    curves = plot_eval_curves(eval_history(resolved.run_dir), resolved.run_dir / "eval_curves.png")
+    tracking.log_artifacts(uri, run_id, [curves], None)  # on the run's front page
+    return curves

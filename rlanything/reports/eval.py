@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 
 def pct(value: float) -> str:
@@ -30,8 +31,8 @@ def summary_markdown(summary: pd.DataFrame, title: str, details: dict[str, str])
     answer-fallback accuracies side by side, format rate, environment failures)."""
     lines = [f"# {title}", ""]
     lines += [f"- {key}: {value}" for key, value in details.items()]
-    lines += ["", "| split | env | n | accuracy [95% CI] | strict (boxed) [95% CI] | answer fallback | format rate | env errors |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "| split | env | n | accuracy [95% CI] | strict (boxed) [95% CI] | answer fallback | format rate "
+              "| env errors |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for _, row in summary.iterrows():
         strict = f"{pct(row['strict_accuracy'])} [{pct(row['strict_ci_low'])}, {pct(row['strict_ci_high'])}]"
         lines.append(f"| {row['split']} | {row['env_kind']} | {int(row['n'])} | {ci_text(row)} | {strict} | "
@@ -46,7 +47,8 @@ def plot_splits(summary: pd.DataFrame, title: str, out: Path) -> Path:
     """A bar per split and measure (accuracy, strict accuracy, format rate), 95% CIs as whiskers."""
     fig = Figure(figsize=(7, 4), layout="constrained")
     ax = fig.subplots()
-    measures = [("accuracy", "ci_low", "ci_high", "tab:blue"), ("strict_accuracy", "strict_ci_low", "strict_ci_high", "tab:green"),
+    measures = [("accuracy", "ci_low", "ci_high", "tab:blue"),
+                ("strict_accuracy", "strict_ci_low", "strict_ci_high", "tab:green"),
                 ("format_rate", None, None, "tab:grey")]  # fmt: skip
     width = 0.8 / len(measures)
     for m, (key, low, high, color) in enumerate(measures):
@@ -101,6 +103,8 @@ def plot_eval_curves(history: pd.DataFrame, out: Path) -> Path:
             ax.fill_between(xs, rows.ci_low, rows.ci_high, color=line.get_color(), alpha=0.15)
             ax.plot(xs, rows.strict_accuracy, marker="x", ls="--", color=line.get_color(), label=f"{split} strict (boxed)")
         ax.set_xlabel(label)
+        if x == "iteration":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("held-out accuracy")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
