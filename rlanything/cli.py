@@ -129,8 +129,8 @@ def tasks(
 
 @app.command("eval")
 def evaluate(
-    target: Annotated[str, typer.Argument(help="RUN[@ITERATION] (a run folder or a name under ./runs; default: its newest "
-                                               "checkpoint), or a model folder / builtin:NAME (needs -c).")],
+    target: Annotated[str, typer.Argument(help="RUN[@ITERATION|@base] (a run folder or a name under ./runs; default: "
+                                               "its newest checkpoint), or a model folder / builtin:NAME (needs -c).")],
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config giving the environment "
                                                    "(default for a run: its own config.yaml).")] = None,
     set_: SetOpt = None,

@@ -2,7 +2,8 @@
 
 What is evaluated (`target`):
   RUN[@ITERATION]   a run folder (or a run name under ./runs) and the policy checkpoint written
-                    by that iteration (default: the newest one). Results go to
+                    by that iteration (default: the newest one; `@base`: the model the run
+                    started from, plotted as iteration -1 at wall time 0). Results go to
                     `<run>/eval/iter_NNNN/` and to the run's MLflow run (metrics
                     `eval/<split>/<measure>` at step = iteration, files under eval/iter_NNNN/), and
                     `<run>/eval_curves.png` is redrawn from every evaluation of the run so far.
@@ -29,6 +30,9 @@ from rlanything.reports.eval import eval_history, plot_eval_curves, training_wal
 from rlanything.storage import tracking
 from rlanything.storage.layout import RunLayout
 from rlanything.tasks.evaluate import eval_report, evaluate_split
+
+
+BASE = -1  # the "iteration" of a run's starting model (MLflow step -1, wall time 0)
 
 
 class EvalTargetError(ValueError):
@@ -71,9 +75,16 @@ def resolve_target(target: str, config_path: str | Path | None = None, runs: Pat
     if not (run_dir / "config.yaml").is_file():
         raise EvalTargetError(f"no run at {run_dir} (expected {run_dir / 'config.yaml'}), and {target!r} is no model folder")
     done = checkpoint_iterations(run_dir)
+    layout = RunLayout(run_dir)
+    if at and iteration == "base":  # the run's starting point: the first point of its curve
+        from rlanything.models.loading import resolve_model_path
+
+        model = load_config(layout.config).policy.model
+        return EvalTarget(Path(config_path) if config_path else layout.config, resolve_model_path(model), model,
+                          run_dir, BASE)  # fmt: skip
     if at:
         if not iteration.isdigit():
-            raise EvalTargetError(f"iteration {iteration!r} in {target!r} must be a number")
+            raise EvalTargetError(f"iteration {iteration!r} in {target!r} must be a number or base")
         if int(iteration) not in done:
             raise EvalTargetError(f"run {run_dir.name} has no policy checkpoint of iteration {int(iteration)} "
                                   f"(checkpoints: {done or 'none'})")  # fmt: skip
@@ -82,14 +93,14 @@ def resolve_target(target: str, config_path: str | Path | None = None, runs: Pat
         raise EvalTargetError(f"run {run_dir.name} has no policy checkpoint yet (no iteration finished its update)")
     else:
         chosen = done[-1]
-    layout = RunLayout(run_dir)
     weights = layout.checkpoint("policy", chosen)
     return EvalTarget(Path(config_path) if config_path else layout.config, weights,
                       weights.relative_to(run_dir).as_posix(), run_dir, chosen)  # fmt: skip
 
 
 def eval_dir(run_dir: Path, iteration: int) -> Path:
-    return Path(run_dir) / "eval" / f"iter_{iteration:04d}"
+    """<run>/eval/iter_NNNN, or <run>/eval/base for the run's starting model."""
+    return Path(run_dir) / "eval" / ("base" if iteration == BASE else f"iter_{iteration:04d}")
 
 
 def _model_run(config, target: EvalTarget) -> tuple[str, str]:

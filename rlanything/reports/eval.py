@@ -81,9 +81,10 @@ def training_wall_time(run_dir: Path, iteration: int) -> float:
 
 
 def eval_history(run_dir: Path) -> pd.DataFrame:
-    """One row per (evaluated iteration, split) from `<run>/eval/iter_NNNN/summary.json`."""
+    """One row per (evaluated iteration, split) from `<run>/eval/iter_NNNN/summary.json` (and
+    `eval/base/`, the starting model, iteration -1)."""
     rows = []
-    for path in sorted((Path(run_dir) / "eval").glob("iter_*/summary.json")):
+    for path in sorted((Path(run_dir) / "eval").glob("*/summary.json")):
         record = json.loads(path.read_text())
         for split in record["splits"]:
             rows.append({"iteration": record["iteration"], "wall_time_s": record["wall_time_s"], **split})

@@ -19,7 +19,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def evaluated_run(prefect_server, tmp_path_factory, small_overrides):
-    """tiny.yaml at its smallest, two iterations, held-out evaluation after each."""
+    """tiny.yaml at its smallest, two iterations, held-out evaluation of the base model and after each."""
     from rlanything.flows.training import train_flow
 
     root = tmp_path_factory.mktemp("eval-run")
@@ -29,17 +29,21 @@ def evaluated_run(prefect_server, tmp_path_factory, small_overrides):
 
 def test_training_evaluates_every_iteration_and_draws_the_curves(evaluated_run):
     run_dir = Path(evaluated_run["run_dir"])
-    for iteration in (0, 1):
-        out = run_dir / "eval" / f"iter_{iteration:04d}"
+    walls = []
+    for iteration, folder, weights in ((-1, "base", "builtin:tiny-random"), (0, "iter_0000", "checkpoints/policy/iter_0000"),
+                                       (1, "iter_0001", "checkpoints/policy/iter_0001")):  # fmt: skip
+        out = run_dir / "eval" / folder
         episodes = read_table(out / "episodes.parquet", EVAL_EPISODES)  # the declared schema, checked
         assert episodes.groupby("split").size().to_dict() == {"in_domain": 3, "ood": 3}
-        assert set(episodes.weights) == {f"checkpoints/policy/iter_{iteration:04d}"}
+        assert set(episodes.weights) == {weights}
         assert (episodes.iteration == iteration).all() and episodes.valid.all()
         assert (episodes.num_steps == 1).all() and (episodes.response_tokens > 0).all()
         summary = (out / "summary.md").read_text()
         assert "| in_domain | reasoning_gym | 3 |" in summary and "| ood | reasoning_gym | 3 |" in summary
         assert Image.open(out / "eval.png").size[0] > 100
         assert not (out / "in_domain.parquet").exists()  # merged into episodes.parquet
+        walls.append(json.loads((out / "summary.json").read_text())["wall_time_s"])
+    assert walls[0] == 0 < walls[1] < walls[2]  # training seconds: the curve's x against wall time
     curves = run_dir / "eval_curves.png"
     assert Image.open(curves).size[0] > 300
     client = MlflowClient(evaluated_run["mlflow_uri"])
@@ -47,7 +51,7 @@ def test_training_evaluates_every_iteration_and_draws_the_curves(evaluated_run):
     for key in ("eval/in_domain/accuracy", "eval/ood/accuracy", "eval/in_domain/strict_accuracy",
                 "eval/in_domain/ci_high", "eval/ood/format_rate", "eval/in_domain/n"):  # fmt: skip
         history = client.get_metric_history(run_id, key)
-        assert sorted(m.step for m in history) == [0, 1], key
+        assert sorted(m.step for m in history) == [-1, 0, 1], key
     assert {m.value for m in client.get_metric_history(run_id, "eval/in_domain/n")} == {3.0}
     ci_high = client.get_metric_history(run_id, "eval/in_domain/ci_high")
     assert all(0.5 < m.value <= 1.0 for m in ci_high)  # Wilson upper bound of ≤ 3 successes in 3
@@ -60,8 +64,9 @@ def test_the_same_problems_for_every_checkpoint_and_none_from_training(evaluated
     from rlanything.tasks.evaluate import trained_specs
 
     run_dir = Path(evaluated_run["run_dir"])
-    first, second = (read_table(run_dir / "eval" / f"iter_{i:04d}" / "episodes.parquet", EVAL_EPISODES) for i in (0, 1))
-    assert first.spec.tolist() == second.spec.tolist()  # comparable points on the curve
+    base, first, second = (read_table(run_dir / "eval" / name / "episodes.parquet", EVAL_EPISODES)
+                           for name in ("base", "iter_0000", "iter_0001"))  # fmt: skip
+    assert base.spec.tolist() == first.spec.tolist() == second.spec.tolist()  # comparable points on the curve
     seen = {s["seed"] for s in trained_specs(str(run_dir))}
     assert seen and not seen & {json.loads(spec)["seed"] for spec in first.spec}
 
