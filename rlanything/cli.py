@@ -1,4 +1,4 @@
-"""`rlanything train|resume|serve|server|config|prepare`: the command line."""
+"""`rlanything train|resume|eval|tasks|serve|server|config|prepare`: the command line."""
 
 from __future__ import annotations
 
@@ -149,6 +149,48 @@ def tasks(
     for row in buffer[columns].itertuples(index=False):
         table.add_row(*("" if v is None or v != v else f"{v:.3g}" if isinstance(v, float) else str(v) for v in row))
     console.print(table)
+
+
+@app.command("eval")
+def evaluate(
+    target: Annotated[str, typer.Argument(help="RUN[@ITERATION|@base] (a run folder or a name under ./runs; default: "
+                                               "its newest checkpoint), or a model folder / builtin:NAME (needs -c).")],
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config giving the environment "
+                                                   "(default for a run: its own config.yaml).")] = None,
+    set_: SetOpt = None,
+    split: Annotated[str, typer.Option(help="in_domain, ood, or all (the config's eval.splits).")] = "all",
+    problems: Annotated[Optional[int], typer.Option("--problems", "-p", min=1, help="Held-out problems per split "
+                                                    "(default: eval.problems).")] = None,
+) -> None:
+    """Greedy success rate of a policy on held-out problems, with 95% intervals.
+
+    Examples: `rlanything eval runs/smollm2-arith@9 --problems 64`, or for a base model
+    `rlanything eval builtin:smollm2-135m-instruct -c configs/smollm2-arith.yaml`. Writes
+    episodes.parquet, summary.md and eval.png under <run>/eval/iter_NNNN/ (a model:
+    <run.root>/eval/<model>/) and logs them to MLflow."""
+    from rlanything.flows.evaluation import EvalTargetError, eval_flow, resolve_target
+
+    if split not in ("in_domain", "ood", "all"):
+        _fail(f"--split must be in_domain, ood or all, not {split!r}")
+    try:
+        resolved = resolve_target(target, config)
+        load_config(resolved.config_path, set_ or [])  # fail fast, before Prefect starts
+        result = eval_flow(target, str(config) if config else None, set_ or [], split, problems)
+    except (EvalTargetError, ConfigError) as err:
+        _fail(str(err))
+    except Exception as err:
+        _fail(f"the evaluation stopped: {type(err).__name__}: {err}", EXIT_FAILED)
+    from rlanything.reports.eval import pct, ci_text
+
+    table = Table(title=f"rlanything eval: {target} (greedy, {result['summary'][0]['env_kind']})")
+    for column in ("split", "n", "accuracy [95% CI]", "strict (boxed)", "fallback", "format rate", "env errors"):
+        table.add_column(column)
+    for row in result["summary"]:
+        row = {k: (float("nan") if v is None else v) for k, v in row.items()}
+        table.add_row(row["split"], str(int(row["n"])), ci_text(row), pct(row["strict_accuracy"]),
+                      pct(row["fallback_accuracy"]), pct(row["format_rate"]), str(int(row["env_errors"])))  # fmt: skip
+    console.print(table)
+    console.print(f"episodes, summary.md, eval.png: {result['out_dir']}   MLflow run {result['mlflow_run_id']}")
 
 
 @app.command("config")

@@ -399,6 +399,19 @@ class TrainConfig(_Section):
         return self
 
 
+class EvalConfig(_Section):
+    every: int = Field(0, ge=0)
+    """Evaluate the newest policy checkpoint on held-out problems (`rlanything eval`) after every
+    N training iterations; 0: never during training."""
+    problems: int = Field(64, ge=1)
+    """Held-out problems per split, one greedy episode each."""
+    splits: list[Literal["in_domain", "ood"]] = ["in_domain", "ood"]
+    """Splits evaluated: in_domain (the training generator, unseen seeds) and/or ood (harder
+    knobs, bigger worlds or other task kinds)."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Token budget of one greedy step; default policy.max_new_tokens."""
+
+
 class Config(_Section):
     run: RunConfig = RunConfig()
     """Run identity, seed and tracking."""
@@ -414,6 +427,8 @@ class Config(_Section):
     """Task adaptation."""
     train: TrainConfig = TrainConfig()
     """Where and how the policy and RM updates run (plain torch, accelerate, DeepSpeed)."""
+    eval: EvalConfig = EvalConfig()
+    """Held-out evaluation (`rlanything eval`) and how often training runs it."""
 
     @model_validator(mode="after")
     def _vllm_needs_plain_folders(self) -> "Config":
@@ -451,10 +466,11 @@ class Config(_Section):
     def digest(self) -> str:
         """Stable hash of what determines a run's artifacts (part of every step's cache key).
         `run.iterations` is left out: extending a run must not invalidate finished steps; so are
-        `run.step_deployments` and `run.keep_checkpoints`: where a step runs and how many old
-        checkpoints stay change none of its files."""
+        `run.step_deployments`, `run.keep_checkpoints` and `eval`: where a step runs, how many old
+        checkpoints stay and how checkpoints are evaluated change none of its files."""
         data = self.to_dict()
         del data["run"]["iterations"], data["run"]["step_deployments"], data["run"]["keep_checkpoints"]
+        data.pop("eval")  # evaluation reads checkpoints; it changes none of training's files
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -7,7 +7,8 @@ with TextWorld's PDDL backend, which needs `fast-downward-textworld` (pulled in 
 ALFWorld's own wrappers give objects their "apple 1" names, as in the papers.
 
 A spec is `{"task_type": "pick_and_place_simple", "index": 12}`: the 12th game (sorted by path,
-modulo their number) of that task type under `env.alfworld.data_path`. Like ALFWorld's loader we
+modulo their number) of that task type under `env.alfworld.data_path`; held-out specs add
+`"split": "valid_seen"` or `"valid_unseen"`, ALFWorld's evaluation folders beside it. Like ALFWorld's loader we
 skip games marked unsolvable and the `movable`/`Sliced` variants. Specs are small and portable
 across machines holding the same data; the game file behind each is in `game_path`.
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 TASK_TYPES = ("pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
               "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place")  # fmt: skip
+HELDOUT_FOLDERS = ("valid_seen", "valid_unseen")  # ALFWorld's held-out games, beside train/
 INSTALL_HINT = "pip install alfworld==0.4.2 (needs textworld[pddl]) and run alfworld-download"
 
 
@@ -62,13 +64,17 @@ def _games(root: str) -> dict[str, tuple[str, ...]]:
 
 def game_path(config: "EnvConfig", spec: dict[str, Any]) -> Path:
     """The game file of a spec; ValueError if the spec is malformed or the data lacks it."""
-    if set(spec) != {"task_type", "index"}:
-        raise ValueError(f"spec keys must be task_type, index; got {sorted(spec)}")
+    if set(spec) - {"split"} != {"task_type", "index"}:
+        raise ValueError(f"spec keys must be task_type, index[, split]; got {sorted(spec)}")
+    if spec.get("split", HELDOUT_FOLDERS[0]) not in HELDOUT_FOLDERS:
+        raise ValueError(f"split must be one of {list(HELDOUT_FOLDERS)}; got {spec['split']!r}")
     if spec["task_type"] not in TASK_TYPES:
         raise ValueError(f"unknown ALFWorld task type {spec['task_type']!r}; one of {list(TASK_TYPES)}")
     if not isinstance(spec["index"], int) or isinstance(spec["index"], bool) or spec["index"] < 0:
         raise ValueError(f"index must be a non-negative integer, got {spec['index']!r}")
     root = data_path(config)
+    if "split" in spec:  # a held-out game: the sibling folder of the training data
+        root = root.parent / spec["split"]
     if not root.is_dir():
         raise ValueError(f"no ALFWorld data at {root}: set env.alfworld.data_path ({INSTALL_HINT})")
     games = _games(str(root.resolve()))[spec["task_type"]]
@@ -162,3 +168,20 @@ class AlfWorldEnv(TextGameEnv):
         if not 0 <= position < len(TASK_TYPES):
             raise ValueError(f"no task type {direction} than {spec['task_type']}")
         return "\\boxed{" + json.dumps({"task_type": TASK_TYPES[position]}) + "}"
+
+    # --- held-out problems (evaluation) -------------------------------------------------------
+    @staticmethod
+    def heldout_specs(config: "EnvConfig", split: str, n: int, seed: int) -> list[dict[str, Any]]:
+        """ALFWorld's own evaluation games, in the folders beside the training data:
+        in_domain = `valid_seen` (rooms seen in training, games not), ood = `valid_unseen`
+        (rooms never seen), the configured task types in turn, games in order.
+
+        Kept apart: training specs have no `split` key, so they always name a game of the
+        training folder (`game_path`), and no rewrite adds one; the held-out games live in
+        other folders of ALFWorld's data. `seed` is unused: the games are listed in order."""
+        from rlanything.envs.heldout import check_split
+
+        check_split(split)
+        types = [t for t in config.alfworld.task_types if t in TASK_TYPES] or list(TASK_TYPES)
+        folder = HELDOUT_FOLDERS[0] if split == "in_domain" else HELDOUT_FOLDERS[1]
+        return [{"task_type": types[k % len(types)], "index": k // len(types), "split": folder} for k in range(n)]

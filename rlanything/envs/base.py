@@ -46,6 +46,8 @@ class Environment(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional: `heldout_specs(config, split, n, seed) -> list[spec]` (static), the problems
+    # `rlanything eval` plays, kept apart from every problem training can draw (envs/heldout.py).
     # Optional: `last_screenshot() -> bytes | None` (a PNG of the screen, see `screenshot`) and
     # `replayable = False` (see `replayable`); environments without them are text-only and
     # replayable.

@@ -382,3 +382,36 @@ class CodingEnv:
         body = {"prompt": problem["prompt"], "tests": keep, "reference": problem["reference"],
                 "setup": problem["setup"], "prefix": problem["prefix"]}  # fmt: skip
         return "\\boxed{" + json.dumps(body) + "}"
+
+    # --- held-out problems (evaluation) -------------------------------------------------------
+    @staticmethod
+    def heldout_specs(config: "EnvConfig", split: str, n: int, seed: int) -> list[dict[str, Any]]:
+        """Problems of the benchmark the run never starts from (at most n: the pool is finite).
+        humaneval: ood = the third of the unused problems with the longest reference solutions,
+        in_domain = the other unused ones (shuffled with a fixed seed). jsonl: in_domain = the
+        file's unused records, ood = HumanEval (function completion instead of stdio programs).
+
+        Kept apart: a run's buffer starts from `initial_specs(config, seed)` and rewrites only
+        ever write `inline` problems, so a benchmark problem outside the initial ones is never
+        trained on; the evaluation also drops any spec the run's buffer holds."""
+        from rlanything.envs.heldout import check_split
+
+        check_split(split)
+        used = {s["id"] for s in CodingEnv.initial_specs(config, seed)}
+        if config.coding.source == "jsonl":
+            if split == "ood":
+                return [{"source": "humaneval", "id": i} for i in _shuffled(humaneval_problems())[:n]]
+            first = CodingEnv.initial_specs(config, seed)[0]
+            return [{**first, "id": i} for i in _shuffled(jsonl_problems(first["path"])) if i not in used][:n]
+        problems = humaneval_problems()
+        unused = sorted((i for i in problems if i not in used), key=lambda i: (-len(problems[i]["reference"]), i))
+        hard = unused[: len(unused) // 3]
+        pool = hard if split == "ood" else _shuffled(unused[len(hard) :])
+        return [{"source": "humaneval", "id": i} for i in pool[:n]]
+
+
+def _shuffled(ids) -> list[str]:
+    """`ids` in a fixed random order (the same on every machine: a prefix is the first n)."""
+    order = sorted(ids)
+    random.Random(0).shuffle(order)
+    return order

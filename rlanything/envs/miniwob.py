@@ -469,3 +469,31 @@ class MiniWoBEnv:
         if by_task:
             return by_task[0]
         raise ValueError(f"{boxed!r} is not one of the variants 1..{len(options)}")
+
+    # --- held-out problems (evaluation) -------------------------------------------------------
+    @staticmethod
+    def heldout_specs(config: "EnvConfig", split: str, n: int, seed: int) -> list[dict[str, Any]]:
+        """in_domain: the configured tasks in turn on evaluation seeds; ood: tasks of no
+        family ladder (OOD_TASKS), which no configured task can be rewritten into, on
+        evaluation seeds. No hint in either.
+
+        Kept apart: initial seeds are `seed * 100_003 + slot` (≡ slot mod 100_003 for every
+        run seed) and the only rewrite that changes a seed maps it into [0, 2**31); evaluation
+        seeds are 2**31 and above with a residue no slot has (`envs/heldout.py`), so no
+        training episode can share one. Rewrites move only along FAMILIES ladders, so an OOD
+        task is never trained on."""
+        from rlanything.envs.heldout import STRIDE, heldout_seeds
+
+        ood = [t for t in OOD_TASKS if t not in config.miniwob.tasks]
+        tasks = list(config.miniwob.tasks) if split == "in_domain" else ood
+        if not tasks:
+            raise ValueError("env.miniwob.tasks is empty" if split == "in_domain" else "no MiniWoB++ OOD task left")
+        base = -(-(2**31) // STRIDE) * STRIDE  # the first multiple of STRIDE above 2**31
+        avoid = [s["seed"] for s in MiniWoBEnv.initial_specs(config, seed)]
+        return [{"task": tasks[k % len(tasks)], "seed": s, "hint": False}
+                for k, s in enumerate(heldout_seeds(split, n, avoid, base=base))]  # fmt: skip
+
+
+# Out-of-distribution tasks: simple single-page tasks outside every FAMILIES ladder.
+OOD_TASKS = ("click-widget", "click-tab", "click-collapsible", "click-button-sequence", "choose-list",
+             "enter-text-dynamic", "click-dialog-2", "click-color")  # fmt: skip

@@ -281,3 +281,30 @@ class OSWorldEnv:
         if not choice.isdigit() or not 1 <= int(choice) <= len(options):
             raise ValueError(f"{boxed!r} is not one of the tasks 1..{len(options)}")
         return options[int(choice) - 1]
+
+    # --- held-out problems (evaluation) -------------------------------------------------------
+    @staticmethod
+    def heldout_specs(config: "EnvConfig", split: str, n: int, seed: int) -> list[dict[str, Any]]:
+        """in_domain: examples of the configured domains outside the run's initial buffer;
+        ood: examples of the other domains (none when every domain is configured).
+
+        Kept apart: rewrites only move to another example of the same domain, so an OOD
+        example is never trained on. In-domain examples are outside `initial_specs(config,
+        seed)`, but a rewrite can reach any example of its domain: the evaluation drops the
+        ones the run's buffer holds."""
+        from rlanything.envs.heldout import check_split
+
+        check_split(split)
+        cfg = config.osworld
+        if cfg.examples_dir is None:
+            raise ValueError("env.osworld.examples_dir is not set (OSWorld's evaluation_examples folder)")
+        every = sorted(p.name for p in (Path(cfg.examples_dir) / "examples").iterdir() if p.is_dir())
+        domains = cfg.domains or every
+        if split == "ood":
+            domains = [d for d in every if d not in domains]
+            if not domains:
+                raise ValueError("no OSWorld domain is left out of env.osworld.domains for an OOD split")
+        used = {(s["domain"], s["example_id"]) for s in OSWorldEnv.initial_specs(config, seed)}
+        pool = [(d, e) for d in domains for e in domain_examples(cfg.examples_dir, d) if (d, e) not in used]
+        random.Random(0).shuffle(pool)
+        return [{"examples_dir": cfg.examples_dir, "domain": d, "example_id": e} for d, e in pool[:n]]

@@ -97,3 +97,40 @@ class ReasoningGymEnv:
     def parse_rewrite(spec: dict[str, Any], text: str) -> dict[str, Any]:
         params = parse_json_box(text, set(spec["config"]) if spec["config"] else None)
         return {"dataset": spec["dataset"], "config": {**spec["config"], **params}, "seed": spec["seed"]}
+
+    # --- held-out problems (evaluation) -------------------------------------------------------
+    @staticmethod
+    def heldout_specs(config: "EnvConfig", split: str, n: int, seed: int) -> list[dict[str, Any]]:
+        """in_domain: the training generator and knobs on evaluation seeds; ood: the same
+        generator with every integer `max_*` knob two steps harder (the generator's defaults
+        stand in for knobs the config leaves out).
+
+        Kept apart: training seeds are `seed * 100_003 + slot` (initial_specs) and rewrites
+        change knobs, never the seed, so a training seed is ≡ slot (mod 100_003) for every run
+        seed; evaluation seeds are ≡ 99_003..100_002 (`envs/heldout.py`), and any initial seed
+        is dropped again explicitly."""
+        from rlanything.envs.heldout import heldout_seeds
+
+        knobs = dict(config.dataset_config)
+        if split == "ood":
+            knobs = _harder_knobs(config.dataset, knobs, steps=2)
+        avoid = [s["seed"] for s in ReasoningGymEnv.initial_specs(config, seed)]
+        return [{"dataset": config.dataset, "config": dict(knobs), "seed": s}
+                for s in heldout_seeds(split, n, avoid)]  # fmt: skip
+
+
+def _harder_knobs(dataset: str, knobs: dict[str, Any], steps: int) -> dict[str, Any]:
+    """`knobs` after `steps` of `rule_rewrite(…, "harder")`; with no integer `max_*` knob in
+    `knobs`, those of the generator's default config are added first."""
+    if not any(k.startswith("max_") and isinstance(v, int) and not isinstance(v, bool) for k, v in knobs.items()):
+        import dataclasses
+
+        from reasoning_gym.factory import DATASETS
+
+        defaults = dataclasses.asdict(DATASETS[dataset][1]())
+        knobs = {**{k: v for k, v in defaults.items() if k.startswith(("max_", "min_")) and isinstance(v, int)
+                    and not isinstance(v, bool)}, **knobs}  # fmt: skip
+    spec = {"dataset": dataset, "config": knobs, "seed": 0}
+    for _ in range(steps):
+        spec = ReasoningGymEnv.parse_rewrite(spec, ReasoningGymEnv.rule_rewrite(spec, "harder"))
+    return spec["config"]

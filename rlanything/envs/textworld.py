@@ -319,3 +319,31 @@ class TextWorldEnv(TextGameEnv):
                 raise ValueError(f"rewards cannot go {direction} than {options['rewards']}")
             new = {"rewards": order[index]}
         return "\\boxed{" + json.dumps(new, sort_keys=True) + "}"
+
+    # --- held-out problems (evaluation) -------------------------------------------------------
+    @staticmethod
+    def heldout_specs(config: "EnvConfig", split: str, n: int, seed: int) -> list[dict[str, Any]]:
+        """in_domain: the training game type and options on evaluation seeds; ood: the same type
+        two `rule_rewrite` steps harder (as far as the caps allow) and, for `custom`, a world two
+        rooms bigger.
+
+        Kept apart: initial seeds are `(seed * 100_003 + slot) % 2**31` and rule rewrites keep
+        the seed; evaluation seeds have a residue modulo 100_003 no slot has
+        (`envs/heldout.py`), and the run's initial seeds are dropped explicitly (they can wrap
+        for run seeds above 21_474). A model rewrite may pick any seed: the evaluation drops
+        held-out games whose seed the run's buffer holds."""
+        from rlanything.envs.heldout import heldout_seeds
+
+        tw = config.textworld
+        base = {"game": tw.game, "options": dict(tw.options), "seed": 0}
+        if split == "ood":
+            for _ in range(2):
+                try:
+                    base = TextWorldEnv.parse_rewrite(base, TextWorldEnv.rule_rewrite(base, "harder"))
+                except ValueError:  # at a cap: as hard as the knob goes
+                    break
+            if tw.game == "custom":
+                rooms = min(int(base["options"].get("world_size", 5)) + 2, CAPS["world_size"])
+                base = {**base, "options": {**base["options"], "world_size": rooms}}
+        avoid = [s["seed"] for s in TextWorldEnv.initial_specs(config, seed)]
+        return [{**base, "options": dict(base["options"]), "seed": s} for s in heldout_seeds(split, n, avoid)]

@@ -177,3 +177,29 @@ class TextWorldExpressEnv:
         if value < 1:
             raise ValueError(f"{knob} cannot go below 1")
         return "\\boxed{" + json.dumps({knob: value}) + "}"
+
+    # --- held-out problems (evaluation) -------------------------------------------------------
+    @staticmethod
+    def heldout_specs(config: "EnvConfig", split: str, n: int, seed: int) -> list[dict[str, Any]]:
+        """Games of TextWorld-Express's own `test` fold (its held-out objects and rooms) on
+        evaluation seeds. in_domain: the training game and parameters; ood: a bigger world
+        (numLocations + 2 where the game has it) and the main knob one step harder.
+
+        Kept apart: training specs keep the configured fold (rewrites change parameters and
+        seed only) and initial seeds are `(seed * 100_003 + slot) % 2**31`; evaluation seeds
+        have a residue modulo 100_003 no slot has (`envs/heldout.py`), the run's initial seeds
+        are dropped explicitly, and the evaluation drops any seed the run's buffer holds (a
+        model rewrite may pick any)."""
+        from rlanything.envs.heldout import heldout_seeds
+
+        twx = config.textworld_express
+        params = dict(twx.params)
+        if split == "ood":
+            if "numLocations" in PARAMS.get(twx.game, ()):
+                params["numLocations"] = int(params.get("numLocations", 1)) + 2
+            knob = MAIN_KNOB.get(twx.game)
+            if knob is not None and knob != "numLocations":
+                params[knob] = int(params.get(knob, 1)) + 1
+        avoid = [s["seed"] for s in TextWorldExpressEnv.initial_specs(config, seed)]
+        return [{"game": twx.game, "params": dict(params), "seed": s, "fold": "test"}
+                for s in heldout_seeds(split, n, avoid)]  # fmt: skip

@@ -15,6 +15,7 @@ from prefect import flow
 
 from rlanything.config import Config, ConfigError, flatten, load_config, save_config
 from rlanything.envs import initial_specs
+from rlanything.flows.evaluation import BASE, eval_dir, eval_flow
 from rlanything.flows.iteration import iteration_flow
 from rlanything.flows.runlock import run_lock
 from rlanything.storage import tracking
@@ -57,10 +58,14 @@ def train_flow(config_path: str, overrides: list[str] | None = None, iterations:
         tracking.set_running(config.mlflow_uri, run_id)  # a resumed run was FAILED, or RUNNING if killed
         metrics: dict[str, float] = {}
         try:
+            if config.eval.every and not (eval_dir(layout.run_dir, BASE) / "summary.json").exists():
+                eval_flow(f"{layout.run_dir}@base")  # the curve's starting point
             for iteration in range(config.run.iterations):
-                if layout.iteration_done(iteration).exists():
-                    continue
-                metrics = iteration_flow(str(layout.run_dir), iteration)
+                if not layout.iteration_done(iteration).exists():
+                    metrics = iteration_flow(str(layout.run_dir), iteration)
+                if config.eval.every and (iteration + 1) % config.eval.every == 0:  # held-out accuracy
+                    if not (eval_dir(layout.run_dir, iteration) / "summary.json").exists():
+                        eval_flow(f"{layout.run_dir}@{iteration}")
         except BaseException:
             tracking.set_terminated(config.mlflow_uri, run_id, "FAILED")
             raise

@@ -181,9 +181,10 @@ class TransformersEngine:
 
     @torch.no_grad()
     def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed, prefix_cache=None):
+        # temperature 0 is greedy decoding (evaluation): argmax tokens, log-probs at temperature 1
+        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else dict(do_sample=False)
         config = GenerationConfig(
-            do_sample=True, temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
-            pad_token_id=self.pad_id, eos_token_id=self.eos_ids,
+            **sampling, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id, eos_token_id=self.eos_ids,
         )  # fmt: skip
         results: list[Generation | None] = [None] * len(prompts)
         kept = []  # this call's rows for the next call's prefix_cache
@@ -205,7 +206,7 @@ class TransformersEngine:
                 if cache is None and prefix_cache is not None:
                     cache = DynamicCache(config=self.model.config)  # ours, so its KV can be kept
             torch.manual_seed(seed + b)
-            recorder = StepLogprobs(temperature)
+            recorder = StepLogprobs(temperature if temperature > 0 else 1.0)
             sequences = self.model.generate(
                 input_ids=ids, attention_mask=attn, past_key_values=cache,
                 generation_config=config, logits_processor=LogitsProcessorList([recorder]),

@@ -148,3 +148,29 @@ TASKS = pa.schema(
         pa.field("decided_iter", pa.int32()),
     ]
 )
+
+EVAL_EPISODES = pa.schema(
+    [
+        pa.field("split", pa.string(), nullable=False),  # in_domain | ood
+        pa.field("env_kind", pa.string(), nullable=False),
+        pa.field("problem_idx", pa.int32(), nullable=False),  # position in the split's held-out list
+        pa.field("spec", pa.string(), nullable=False),  # JSON the environment built the problem from
+        pa.field("first_observation", pa.string(), nullable=False),
+        pa.field("outcome", pa.int8(), nullable=False),  # ±1; -1 at the step cap or when invalid
+        pa.field("valid", pa.bool_(), nullable=False),  # False: the environment or verifier failed
+        pa.field("success", pa.bool_(), nullable=False),  # outcome +1, with the env's answer fallback
+        pa.field("strict_success", pa.bool_(), nullable=False),  # outcome +1, no step read by the fallback
+        pa.field("boxed", pa.bool_(), nullable=False),  # every step's answer came from a \boxed{}
+        pa.field("fallback_steps", pa.int32(), nullable=False),  # steps whose action the fallback read
+        pa.field("num_steps", pa.int32(), nullable=False),
+        pa.field("termination", pa.string(), nullable=False),  # done | max_steps | env_error
+        pa.field("error", pa.string()),
+        pa.field("prompt_tokens", pa.int32(), nullable=False),  # summed over the episode's steps
+        pa.field("response_tokens", pa.int32(), nullable=False),
+        pa.field("truncated_steps", pa.int32(), nullable=False),  # steps that hit max_new_tokens
+        pa.field("actions", pa.list_(pa.string()), nullable=False),
+        pa.field("last_response", pa.string(), nullable=False),
+        pa.field("weights", pa.string(), nullable=False),  # the checkpoint (run-relative) or model folder
+        pa.field("iteration", pa.int32()),  # the run's iteration whose checkpoint played; -1: its base; null: a bare model
+    ]
+)

@@ -1,0 +1,164 @@
+"""The evaluation flow: a policy's greedy success on held-out problems (`rlanything eval`).
+
+What is evaluated (`target`):
+  RUN[@ITERATION]   a run folder (or a run name under ./runs) and the policy checkpoint written
+                    by that iteration (default: the newest one; `@base`: the model the run
+                    started from, plotted as iteration -1 at wall time 0). Results go to
+                    `<run>/eval/iter_NNNN/` and to the run's MLflow run (metrics
+                    `eval/<split>/<measure>` at step = iteration, files under eval/iter_NNNN/), and
+                    `<run>/eval_curves.png` is redrawn from every evaluation of the run so far.
+  MODEL             a model folder or `builtin:...` (needs a config for the environment). Results
+                    go to `<run.root>/eval/<model>/` and to an MLflow run of their own.
+One Prefect task per split plays the problems, a last one writes episodes.parquet, summary.md
+and eval.png.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect import flow
+
+from rlanything.config import ConfigError, load_config
+from rlanything.envs.heldout import SPLITS
+from rlanything.reports.eval import eval_history, plot_eval_curves, training_wall_time
+from rlanything.storage import tracking
+from rlanything.storage.layout import RunLayout
+from rlanything.tasks.evaluate import eval_report, evaluate_split
+
+
+BASE = -1  # the "iteration" of a run's starting model (MLflow step -1, wall time 0)
+
+
+class EvalTargetError(ValueError):
+    """The run, iteration, checkpoint or model to evaluate does not exist."""
+
+
+@dataclass(frozen=True)
+class EvalTarget:
+    config_path: Path  # the run's config.yaml, or the config given for a bare model
+    weights: Path
+    label: str  # how episodes name the weights: run-relative checkpoint, or the model spec
+    run_dir: Path | None = None
+    iteration: int | None = None
+
+
+def checkpoint_iterations(run_dir: Path) -> list[int]:
+    """Iterations whose policy checkpoint is complete (its config.json written), oldest first."""
+    found = []
+    for folder in (run_dir / "checkpoints" / "policy").glob("iter_*"):
+        if re.fullmatch(r"iter_\d{4,}", folder.name) and (folder / "config.json").is_file():
+            found.append(int(folder.name[5:]))
+    return sorted(found)
+
+
+def resolve_target(target: str, config_path: str | Path | None = None, runs: Path = Path("runs")) -> EvalTarget:
+    """`RUN[@ITERATION]` or a model folder / `builtin:` name -> what to evaluate; EvalTargetError
+    saying what is missing."""
+    if target.startswith("builtin:") or (Path(target) / "config.json").is_file():
+        from rlanything.models.loading import resolve_model_path
+
+        if config_path is None:
+            raise EvalTargetError(f"{target} is a model, not a run: give the environment with -c CONFIG")
+        try:
+            weights = resolve_model_path(target)
+        except Exception as err:
+            raise EvalTargetError(f"model {target!r}: {err}") from err
+        return EvalTarget(Path(config_path), weights, target if target.startswith("builtin:") else str(weights))
+    name, at, iteration = target.rpartition("@") if "@" in target else (target, "", "")
+    run_dir = (Path(name) if Path(name).is_dir() else runs / name).resolve()
+    if not (run_dir / "config.yaml").is_file():
+        raise EvalTargetError(f"no run at {run_dir} (expected {run_dir / 'config.yaml'}), and {target!r} is no model folder")
+    done = checkpoint_iterations(run_dir)
+    layout = RunLayout(run_dir)
+    if at and iteration == "base":  # the run's starting point: the first point of its curve
+        from rlanything.models.loading import resolve_model_path
+
+        model = load_config(layout.config).policy.model
+        return EvalTarget(Path(config_path) if config_path else layout.config, resolve_model_path(model), model,
+                          run_dir, BASE)  # fmt: skip
+    if at:
+        if not iteration.isdigit():
+            raise EvalTargetError(f"iteration {iteration!r} in {target!r} must be a number or base")
+        if int(iteration) not in done:
+            raise EvalTargetError(f"run {run_dir.name} has no policy checkpoint of iteration {int(iteration)} "
+                                  f"(checkpoints: {done or 'none'})")  # fmt: skip
+        chosen = int(iteration)
+    elif not done:
+        raise EvalTargetError(f"run {run_dir.name} has no policy checkpoint yet (no iteration finished its update)")
+    else:
+        chosen = done[-1]
+    weights = layout.checkpoint("policy", chosen)
+    return EvalTarget(Path(config_path) if config_path else layout.config, weights,
+                      weights.relative_to(run_dir).as_posix(), run_dir, chosen)  # fmt: skip
+
+
+def eval_dir(run_dir: Path, iteration: int) -> Path:
+    """<run>/eval/iter_NNNN, or <run>/eval/base for the run's starting model."""
+    return Path(run_dir) / "eval" / ("base" if iteration == BASE else f"iter_{iteration:04d}")
+
+
+def _model_run(config, target: EvalTarget) -> tuple[str, str]:
+    """(MLflow run id, artifact folder) of a bare model's evaluation: a run of its own."""
+    root = Path(config.run.root).resolve()
+    key = f"eval:{target.label}:{config.digest()}"
+    run_id = tracking.get_or_create_run(config.mlflow_uri, config.run.experiment, root / "mlartifacts", Path(key),
+                                        f"eval {target.label}")  # fmt: skip
+    return run_id, "eval"
+
+
+@flow(name="rlanything-eval", flow_run_name="eval {target}")
+def eval_flow(target: str, config_path: str | None = None, overrides: list[str] | None = None,
+              split: str = "all", problems: int | None = None) -> dict:  # fmt: skip
+    """Evaluate `target` greedily on held-out problems of `split` (in_domain, ood, or all:
+    the config's eval.splits) with `problems` per split (default eval.problems)."""
+    resolved = resolve_target(target, config_path)
+    overrides = list(overrides or []) + ([f"eval.problems={problems}"] if problems else [])
+    config = load_config(resolved.config_path, overrides)
+    splits = list(config.eval.splits) if split == "all" else [split]
+    if any(s not in SPLITS for s in splits):
+        raise ConfigError(f"unknown split {split!r}; one of {', '.join(SPLITS)} or all")
+    if resolved.run_dir is not None:
+        out = eval_dir(resolved.run_dir, resolved.iteration)
+        run_id = (resolved.run_dir / "mlflow_run_id").read_text().strip()
+        artifact_path, step = f"eval/{out.name}", resolved.iteration
+    else:
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", resolved.label).strip("_")
+        out = Path(config.run.root).resolve() / "eval" / safe
+        (run_id, artifact_path), step = _model_run(config, resolved), 0
+    start = time.perf_counter()
+    parts = [
+        evaluate_split(str(resolved.config_path), overrides, str(resolved.weights), resolved.label,
+                       str(resolved.run_dir) if resolved.run_dir else None, resolved.iteration, s,
+                       str(out / f"{s}.parquet"))  # fmt: skip
+        for s in splits
+    ]
+    title = f"held-out evaluation of {resolved.label}" + (f" (run {resolved.run_dir.name})" if resolved.run_dir else "")
+    details = {"weights": str(resolved.weights), "environment": config.env.kind, "decoding": "greedy (temperature 0)",
+               "problems per split": str(config.eval.problems), "answer fallback": config.env.answer_fallback}  # fmt: skip
+    report = eval_report([p for part in parts for p in part["paths"]], str(out), title, details)
+    metrics = {k: v for part in parts for k, v in part["metrics"].items()} | report["metrics"]
+    metrics["eval/time_s"] = time.perf_counter() - start
+    curves = _record(config.mlflow_uri, run_id, resolved, out, report, metrics, artifact_path, step)
+    return {"out_dir": str(out), "summary": report["splits"], "metrics": metrics, "mlflow_run_id": run_id,
+            "mlflow_uri": config.mlflow_uri, "curves": str(curves) if curves else None}  # fmt: skip
+
+
+def _record(uri: str, run_id: str, resolved: EvalTarget, out: Path, report: dict, metrics: dict[str, float],
+            artifact_path: str, step: int) -> Path | None:  # fmt: skip
+    """summary.json (the curve's point), MLflow metrics and files; a run's eval_curves.png redrawn."""
+    wall = training_wall_time(resolved.run_dir, resolved.iteration) if resolved.run_dir else None
+    record = {"iteration": resolved.iteration, "weights": resolved.label, "splits": report["splits"], "wall_time_s": wall}
+    (out / "summary.json").write_text(json.dumps(record, indent=2))
+    tracking.log_metrics(uri, run_id, {k: v for k, v in metrics.items() if not math.isnan(v)}, step=step)
+    tracking.log_artifacts(uri, run_id, [Path(p) for p in report["paths"]] + [out / "summary.json"], artifact_path)
+    if resolved.run_dir is None:
+        return None
+    curves = plot_eval_curves(eval_history(resolved.run_dir), resolved.run_dir / "eval_curves.png")
+    tracking.log_artifacts(uri, run_id, [curves], None)  # on the run's front page
+    return curves

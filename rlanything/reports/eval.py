@@ -1,0 +1,115 @@
+"""Views of a held-out evaluation: a markdown summary, a bar plot per split, and the curve of
+held-out accuracy over training (against iteration and against training wall time).
+
+Plots are drawn on bare `Figure`s (Agg canvas, no pyplot global state), like the run's other
+reports. The inputs are the summary table of `algo.metrics.success_summary` and, for the
+curves, the `eval/iter_NNNN/summary.json` files of a run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+
+def pct(value: float) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.1f}%"
+
+
+def ci_text(row) -> str:
+    """"37.5% [25.1%, 51.8%]" for a summary row (accuracy and its 95% Wilson interval)."""
+    return f"{pct(row['accuracy'])} [{pct(row['ci_low'])}, {pct(row['ci_high'])}]"
+
+
+def summary_markdown(summary: pd.DataFrame, title: str, details: dict[str, str]) -> str:
+    """summary.md: one table row per split (accuracy with its 95% CI, strict-format and
+    answer-fallback accuracies side by side, format rate, environment failures)."""
+    lines = [f"# {title}", ""]
+    lines += [f"- {key}: {value}" for key, value in details.items()]
+    lines += ["", "| split | env | n | accuracy [95% CI] | strict (boxed) [95% CI] | answer fallback | format rate "
+              "| env errors |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for _, row in summary.iterrows():
+        strict = f"{pct(row['strict_accuracy'])} [{pct(row['strict_ci_low'])}, {pct(row['strict_ci_high'])}]"
+        lines.append(f"| {row['split']} | {row['env_kind']} | {int(row['n'])} | {ci_text(row)} | {strict} | "
+                     f"{pct(row['fallback_accuracy'])} | {pct(row['format_rate'])} | {int(row['env_errors'])} |")  # fmt: skip
+    lines += ["", "Accuracy counts an episode solved with the environment's answer fallback (an unboxed "
+              "response read as its last number); strict counts it only when no step needed the fallback. "
+              "Format rate: episodes whose every answer was boxed. Intervals: Wilson score, 95%."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot_splits(summary: pd.DataFrame, title: str, out: Path) -> Path:
+    """A bar per split and measure (accuracy, strict accuracy, format rate), 95% CIs as whiskers."""
+    fig = Figure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    measures = [("accuracy", "ci_low", "ci_high", "tab:blue"),
+                ("strict_accuracy", "strict_ci_low", "strict_ci_high", "tab:green"),
+                ("format_rate", None, None, "tab:grey")]  # fmt: skip
+    width = 0.8 / len(measures)
+    for m, (key, low, high, color) in enumerate(measures):
+        xs = [i + (m - 1) * width for i in range(len(summary))]
+        values = summary[key].fillna(0).to_numpy(float)
+        err = None
+        if low:
+            err = [(values - summary[low].fillna(0)).clip(lower=0), (summary[high].fillna(0) - values).clip(lower=0)]
+        bars = ax.bar(xs, values, width, yerr=err, capsize=3, color=color, label=key.replace("_", " "))
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_xticks(range(len(summary)), [f"{r.split}\n(n={int(r.n)})" for r in summary.itertuples()])
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("rate")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    fig.savefig(out, dpi=80)
+    return out
+
+
+def training_wall_time(run_dir: Path, iteration: int) -> float:
+    """Seconds of training up to the end of `iteration`: the step wall times (`time/*_s`) in
+    iter_NNNN/summary.json summed over iterations 0..iteration (resume gaps and evaluations
+    excluded)."""
+    total = 0.0
+    for i in range(iteration + 1):
+        path = Path(run_dir) / f"iter_{i:04d}" / "summary.json"
+        if path.exists():
+            total += sum(v for k, v in json.loads(path.read_text()).items() if k.startswith("time/") and k.endswith("_s"))
+    return total
+
+
+def eval_history(run_dir: Path) -> pd.DataFrame:
+    """One row per (evaluated iteration, split) from `<run>/eval/iter_NNNN/summary.json` (and
+    `eval/base/`, the starting model, iteration -1)."""
+    rows = []
+    for path in sorted((Path(run_dir) / "eval").glob("*/summary.json")):
+        record = json.loads(path.read_text())
+        for split in record["splits"]:
+            rows.append({"iteration": record["iteration"], "wall_time_s": record["wall_time_s"], **split})
+    return pd.DataFrame(rows)
+
+
+def plot_eval_curves(history: pd.DataFrame, out: Path) -> Path:
+    """eval_curves.png: held-out accuracy (band: 95% CI) and strict accuracy per split, against
+    iteration (left) and training wall time in minutes (right)."""
+    fig = Figure(figsize=(13, 4.5), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, (x, label) in zip(axes, (("iteration", "iteration"), ("wall_time_s", "training wall time (min)"))):
+        for split, rows in history.groupby("split"):
+            rows = rows.sort_values("iteration")
+            xs = rows[x] / 60 if x == "wall_time_s" else rows[x]
+            line = ax.plot(xs, rows.accuracy, marker="o", label=f"{split} accuracy")[0]
+            ax.fill_between(xs, rows.ci_low, rows.ci_high, color=line.get_color(), alpha=0.15)
+            ax.plot(xs, rows.strict_accuracy, marker="x", ls="--", color=line.get_color(), label=f"{split} strict (boxed)")
+        ax.set_xlabel(label)
+        if x == "iteration":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("held-out accuracy")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"run {out.parent.name}: held-out accuracy (greedy), 95% Wilson bands")
+    fig.savefig(out, dpi=80)
+    return out

@@ -1,0 +1,121 @@
+"""`rlanything eval` through real Prefect and a real MLflow store: inside a tiny training run
+(`eval.every: 1`), on a chosen checkpoint, on a bare model, and from the command line."""
+
+import json
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from PIL import Image
+from typer.testing import CliRunner
+
+from rlanything.cli import app
+from rlanything.storage.parquet import read_table
+from rlanything.storage.schemas import EVAL_EPISODES
+
+REPO = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def evaluated_run(prefect_server, tmp_path_factory, small_overrides):
+    """tiny.yaml at its smallest, two iterations, held-out evaluation of the base model and after each."""
+    from rlanything.flows.training import train_flow
+
+    root = tmp_path_factory.mktemp("eval-run")
+    overrides = [f"run.root={root}", "run.name=evaluated", *small_overrides, "eval.every=1", "eval.problems=3"]
+    return train_flow(str(REPO / "configs" / "tiny.yaml"), overrides, 2)
+
+
+def test_training_evaluates_every_iteration_and_draws_the_curves(evaluated_run):
+    run_dir = Path(evaluated_run["run_dir"])
+    walls = []
+    for iteration, folder, weights in ((-1, "base", "builtin:tiny-random"), (0, "iter_0000", "checkpoints/policy/iter_0000"),
+                                       (1, "iter_0001", "checkpoints/policy/iter_0001")):  # fmt: skip
+        out = run_dir / "eval" / folder
+        episodes = read_table(out / "episodes.parquet", EVAL_EPISODES)  # the declared schema, checked
+        assert episodes.groupby("split").size().to_dict() == {"in_domain": 3, "ood": 3}
+        assert set(episodes.weights) == {weights}
+        assert (episodes.iteration == iteration).all() and episodes.valid.all()
+        assert (episodes.num_steps == 1).all() and (episodes.response_tokens > 0).all()
+        summary = (out / "summary.md").read_text()
+        assert "| in_domain | reasoning_gym | 3 |" in summary and "| ood | reasoning_gym | 3 |" in summary
+        assert Image.open(out / "eval.png").size[0] > 100
+        assert not (out / "in_domain.parquet").exists()  # merged into episodes.parquet
+        walls.append(json.loads((out / "summary.json").read_text())["wall_time_s"])
+    assert walls[0] == 0 < walls[1] < walls[2]  # training seconds: the curve's x against wall time
+    curves = run_dir / "eval_curves.png"
+    assert Image.open(curves).size[0] > 300
+    client = MlflowClient(evaluated_run["mlflow_uri"])
+    run_id = evaluated_run["mlflow_run_id"]
+    for key in ("eval/in_domain/accuracy", "eval/ood/accuracy", "eval/in_domain/strict_accuracy",
+                "eval/in_domain/ci_high", "eval/ood/format_rate", "eval/in_domain/n"):  # fmt: skip
+        history = client.get_metric_history(run_id, key)
+        assert sorted(m.step for m in history) == [-1, 0, 1], key
+    assert {m.value for m in client.get_metric_history(run_id, "eval/in_domain/n")} == {3.0}
+    ci_high = client.get_metric_history(run_id, "eval/in_domain/ci_high")
+    assert all(0.5 < m.value <= 1.0 for m in ci_high)  # Wilson upper bound of ≤ 3 successes in 3
+    names = {Path(a.path).name for a in client.list_artifacts(run_id, "eval/iter_0001")}
+    assert {"episodes.parquet", "summary.md", "eval.png", "summary.json"} <= names
+    assert "eval_curves.png" in {a.path for a in client.list_artifacts(run_id)}
+
+
+def test_the_same_problems_for_every_checkpoint_and_none_from_training(evaluated_run):
+    from rlanything.tasks.evaluate import trained_specs
+
+    run_dir = Path(evaluated_run["run_dir"])
+    base, first, second = (read_table(run_dir / "eval" / name / "episodes.parquet", EVAL_EPISODES)
+                           for name in ("base", "iter_0000", "iter_0001"))  # fmt: skip
+    assert base.spec.tolist() == first.spec.tolist() == second.spec.tolist()  # comparable points on the curve
+    seen = {s["seed"] for s in trained_specs(str(run_dir))}
+    assert seen and not seen & {json.loads(spec)["seed"] for spec in first.spec}
+
+
+def test_eval_of_a_bare_model_gets_its_own_mlflow_run(evaluated_run, tmp_path):
+    from rlanything.flows.evaluation import eval_flow
+
+    config = Path(evaluated_run["run_dir"]) / "config.yaml"
+    result = eval_flow("builtin:tiny-random", str(config), [], "ood", 2)
+    assert result["mlflow_run_id"] != evaluated_run["mlflow_run_id"]
+    episodes = read_table(Path(result["out_dir"]) / "episodes.parquet", EVAL_EPISODES)
+    assert episodes.split.tolist() == ["ood", "ood"] and episodes.iteration.isna().all()
+    client = MlflowClient(result["mlflow_uri"])
+    assert [m.step for m in client.get_metric_history(result["mlflow_run_id"], "eval/ood/accuracy")] == [0]
+
+
+@pytest.fixture
+def wide_console(monkeypatch):
+    from rlanything import cli
+
+    monkeypatch.setattr(cli.console, "width", 250)  # rich wraps at 80 columns without a terminal
+
+
+def test_cli_prints_the_table(evaluated_run, wide_console):
+    run_dir = evaluated_run["run_dir"]
+    result = runner.invoke(app, ["eval", f"{run_dir}@0", "--split", "in_domain", "--problems", "2"],
+                           terminal_width=200)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "accuracy [95% CI]" in result.output and "in_domain" in result.output
+    # 2 problems: one of the three Wilson intervals of k/2 (by hand: 0/2 -> [0, 0.6576], 1/2 -> [0.0945, 0.9055])
+    assert any(cell in result.output for cell in ("0.0% [0.0%, 65.8%]", "50.0% [9.5%, 90.5%]", "100.0% [34.2%, 100.0%]"))
+    assert len(read_table(Path(run_dir) / "eval" / "iter_0000" / "episodes.parquet", EVAL_EPISODES)) == 2
+
+
+def test_cli_names_what_is_missing(evaluated_run, tmp_path, wide_console):
+    run_dir = evaluated_run["run_dir"]
+    cases = [
+        ([f"{tmp_path}/nowhere"], "no run at"),
+        ([f"{run_dir}@7"], "has no policy checkpoint of iteration 7 (checkpoints: [0, 1])"),
+        ([f"{run_dir}@last"], "must be a number"),
+        (["builtin:tiny-random"], "give the environment with -c CONFIG"),
+        (["builtin:no-such-model", "-c", str(REPO / "configs" / "tiny.yaml")], "unknown builtin model"),
+        ([run_dir, "--split", "test"], "--split must be in_domain, ood or all"),
+    ]
+    empty = tmp_path / "fresh"
+    empty.mkdir()
+    (empty / "config.yaml").write_text((Path(run_dir) / "config.yaml").read_text())
+    cases.append(([str(empty)], "has no policy checkpoint yet"))
+    for args, message in cases:
+        result = runner.invoke(app, ["eval", *args], terminal_width=300)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in " ".join(result.output.split()), (args, result.output)
