@@ -138,7 +138,7 @@ class TextWorldExpressEnv:
     # --- specs and rewrites -------------------------------------------------------------------
     @staticmethod
     def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
-        twx = config.textworld_express
+        twx = config.options
         return [
             {"game": twx.game, "params": dict(twx.params), "seed": (seed * 100_003 + slot) % 2**31, "fold": twx.fold}
             for slot in range(config.num_problems)
