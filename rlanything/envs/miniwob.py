@@ -1,4 +1,4 @@
-r"""MiniWoB++ web tasks in a real headless Chromium: the GUI-agent setting (design.md §3).
+r"""MiniWoB++ web tasks in a real headless Chromium: the GUI-agent setting.
 
 Each turn the policy sees the task's instruction, the page's elements as compact text and what
 its last action did, and answers ONE action inside \boxed{}. The action grammar:
@@ -28,7 +28,7 @@ An observation (click-checkboxes):
 Interactive elements (buttons, links, inputs, labels, selects) come first with their own text,
 else their subtree's text (an input inside a label gets the label's); other elements and text
 fragments (`-`, no ref: they cannot be clicked) follow when they carry text. Text-less containers
-are left out. At most `env.miniwob.max_elements` lines.
+are left out. At most `env.options.max_elements` lines.
 
 Outcome: +1 iff the task ended with a raw reward > 0 (MiniWoB's reward without its time
 discount), else −1, a task that never ended included; the rollout loop enforces max_steps.
@@ -66,7 +66,7 @@ from rlanything.envs.base import StepResult
 from rlanything.envs.browser_pool import process_pool
 
 if TYPE_CHECKING:
-    from rlanything.config import EnvConfig, MiniWoBConfig
+    from rlanything.config import EnvConfig, MiniWoBOptions
 
 TASK_WIDTH, TASK_HEIGHT = 160, 210  # MiniWoB's task area, top-left of the page (CSS px)
 
@@ -293,7 +293,7 @@ class MiniWoBEnv:
     )
 
     def __init__(self, config: "EnvConfig") -> None:
-        self.cfg: MiniWoBConfig = config.miniwob
+        self.cfg: MiniWoBOptions = config.options
         cfg = self.cfg
         self._pool = process_pool(cfg.pool_size, cfg.chromium, cfg.chromedriver, cfg.launch_timeout_s)
         self._token = object()  # whose page state a browser holds
@@ -390,11 +390,11 @@ class MiniWoBEnv:
     # --- specs and rewrites -------------------------------------------------------------------
     @staticmethod
     def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
-        tasks = config.miniwob.tasks
+        tasks = config.options.tasks
         if not tasks:
-            raise ValueError("env.miniwob.tasks is empty")
+            raise ValueError("env.options.tasks is empty")
         return [
-            {"task": tasks[slot % len(tasks)], "seed": seed * 100_003 + slot, "hint": config.miniwob.hint}
+            {"task": tasks[slot % len(tasks)], "seed": seed * 100_003 + slot, "hint": config.options.hint}
             for slot in range(config.num_problems)
         ]
 
@@ -484,10 +484,10 @@ class MiniWoBEnv:
         task is never trained on."""
         from rlanything.envs.heldout import STRIDE, heldout_seeds
 
-        ood = [t for t in OOD_TASKS if t not in config.miniwob.tasks]
-        tasks = list(config.miniwob.tasks) if split == "in_domain" else ood
+        ood = [t for t in OOD_TASKS if t not in config.options.tasks]
+        tasks = list(config.options.tasks) if split == "in_domain" else ood
         if not tasks:
-            raise ValueError("env.miniwob.tasks is empty" if split == "in_domain" else "no MiniWoB++ OOD task left")
+            raise ValueError("env.options.tasks is empty" if split == "in_domain" else "no MiniWoB++ OOD task left")
         base = -(-(2**31) // STRIDE) * STRIDE  # the first multiple of STRIDE above 2**31
         avoid = [s["seed"] for s in MiniWoBEnv.initial_specs(config, seed)]
         return [{"task": tasks[k % len(tasks)], "seed": s, "hint": False}

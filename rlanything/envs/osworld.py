@@ -3,13 +3,13 @@ r"""OSWorld desktop tasks through the user's own OSWorld install (`desktop_env.D
 OSWorld runs real desktop VMs (VMware, VirtualBox, Docker or a cloud provider) and ships its
 tasks as JSON files (`evaluation_examples/examples/<domain>/<id>.json`, each with an
 instruction, set-up steps and an evaluator). We do not install it (its pins clash with ours:
-torch 2.5, transformers 4.35): install it beside rlanything, point `env.osworld.examples_dir`
-at its examples and pass `DesktopEnv`'s arguments in `env.osworld.desktop_env`:
+torch 2.5, transformers 4.35): install it beside rlanything, point `env.options.examples_dir`
+at its examples and pass `DesktopEnv`'s arguments in `env.options.desktop_env`:
 
     env:
       kind: osworld
       max_steps: 15
-      osworld:
+      options:
         examples_dir: /data/OSWorld/evaluation_examples
         domains: [os, chrome]
         desktop_env: {provider_name: docker, os_type: Ubuntu, headless: true}
@@ -49,7 +49,7 @@ from rlanything.algo.parsing import extract_last_boxed
 from rlanything.envs.base import StepResult
 
 if TYPE_CHECKING:
-    from rlanything.config import EnvConfig, OSWorldConfig
+    from rlanything.config import EnvConfig, OSWorldOptions
 
 SPECIAL = ("WAIT", "DONE", "FAIL")
 MAX_VARIANTS = 8  # sibling examples offered to the environment model
@@ -138,7 +138,7 @@ _IDLE: dict[str, list[Any]] = {}
 _LOCK = threading.Lock()
 
 
-def _desktop(cfg: "OSWorldConfig") -> Any:
+def _desktop(cfg: "OSWorldOptions") -> Any:
     key = json.dumps(cfg.desktop_env, sort_keys=True)
     with _LOCK:
         if _IDLE.get(key):
@@ -148,7 +148,7 @@ def _desktop(cfg: "OSWorldConfig") -> Any:
     return DesktopEnv(**{**cfg.desktop_env, "action_space": "pyautogui", "require_a11y_tree": True})
 
 
-def _give_back(cfg: "OSWorldConfig", desktop: Any) -> None:
+def _give_back(cfg: "OSWorldOptions", desktop: Any) -> None:
     with _LOCK:
         _IDLE.setdefault(json.dumps(cfg.desktop_env, sort_keys=True), []).append(desktop)
 
@@ -170,7 +170,7 @@ class OSWorldEnv:
     )
 
     def __init__(self, config: "EnvConfig") -> None:
-        self.cfg = config.osworld
+        self.cfg = config.options
         self._desktop: Any = None
         self._example: dict[str, Any] | None = None
         self._obs: dict[str, Any] = {}
@@ -222,9 +222,9 @@ class OSWorldEnv:
     # --- specs and rewrites ---------------------------------------------------------------------
     @staticmethod
     def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
-        cfg = config.osworld
+        cfg = config.options
         if cfg.examples_dir is None:
-            raise ValueError("env.osworld.examples_dir is not set (OSWorld's evaluation_examples folder)")
+            raise ValueError("env.options.examples_dir is not set (OSWorld's evaluation_examples folder)")
         root = Path(cfg.examples_dir) / "examples"
         domains = cfg.domains or sorted(p.name for p in root.iterdir() if p.is_dir())
         pool = [(d, e) for d in domains for e in domain_examples(cfg.examples_dir, d)]
@@ -295,15 +295,15 @@ class OSWorldEnv:
         from rlanything.envs.heldout import check_split
 
         check_split(split)
-        cfg = config.osworld
+        cfg = config.options
         if cfg.examples_dir is None:
-            raise ValueError("env.osworld.examples_dir is not set (OSWorld's evaluation_examples folder)")
+            raise ValueError("env.options.examples_dir is not set (OSWorld's evaluation_examples folder)")
         every = sorted(p.name for p in (Path(cfg.examples_dir) / "examples").iterdir() if p.is_dir())
         domains = cfg.domains or every
         if split == "ood":
             domains = [d for d in every if d not in domains]
             if not domains:
-                raise ValueError("no OSWorld domain is left out of env.osworld.domains for an OOD split")
+                raise ValueError("no OSWorld domain is left out of env.options.domains for an OOD split")
         used = {(s["domain"], s["example_id"]) for s in OSWorldEnv.initial_specs(config, seed)}
         pool = [(d, e) for d in domains for e in domain_examples(cfg.examples_dir, d) if (d, e) not in used]
         random.Random(0).shuffle(pool)

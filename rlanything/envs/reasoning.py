@@ -2,7 +2,7 @@
 
 A spec is `{"dataset": name, "config": {difficulty knobs}, "seed": int}`: the generator
 rebuilds the exact problem from it, so specs stay small and rewrites change the difficulty
-knobs (a structured target, design.md §3). The outcome is +1 only for a full score
+knobs (a structured target). The outcome is +1 only for a full score
 (`score_answer == 1.0`); partial credit counts as a failure, since the method's outcome is binary.
 """
 
@@ -56,8 +56,9 @@ class ReasoningGymEnv:
 
     @staticmethod
     def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
+        options = config.options
         return [
-            {"dataset": config.dataset, "config": dict(config.dataset_config), "seed": seed * 100_003 + slot}
+            {"dataset": options.dataset, "config": dict(options.dataset_config), "seed": seed * 100_003 + slot}
             for slot in range(config.num_problems)
         ]
 
@@ -111,11 +112,11 @@ class ReasoningGymEnv:
         is dropped again explicitly."""
         from rlanything.envs.heldout import heldout_seeds
 
-        knobs = dict(config.dataset_config)
+        knobs = dict(config.options.dataset_config)
         if split == "ood":
-            knobs = _harder_knobs(config.dataset, knobs, steps=2)
+            knobs = _harder_knobs(config.options.dataset, knobs, steps=2)
         avoid = [s["seed"] for s in ReasoningGymEnv.initial_specs(config, seed)]
-        return [{"dataset": config.dataset, "config": dict(knobs), "seed": s}
+        return [{"dataset": config.options.dataset, "config": dict(knobs), "seed": s}
                 for s in heldout_seeds(split, n, avoid)]  # fmt: skip
 
 

@@ -216,7 +216,7 @@ def checked_runtime(limits: Limits) -> Runtime:
         if limits.isolation != "weak":
             raise SandboxUnavailable(
                 f"refusing to run untrusted code: {rt.notes}. Install bubblewrap, or set "
-                "env.coding.sandbox.isolation: weak to accept a sandbox without a private file system "
+                "env.options.sandbox.isolation: weak to accept a sandbox without a private file system "
                 "view and without network isolation"
             )
         _warn_weak(rt.notes)

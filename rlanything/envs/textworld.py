@@ -1,4 +1,4 @@
-r"""TextWorld games generated offline, the way `tw-make` makes them (multi-turn, design.md §3).
+r"""TextWorld games generated offline, the way `tw-make` makes them (multi-turn).
 
 A spec is `{"game": TYPE, "options": {...}, "seed": int}`: TYPE is one of `tw-make`'s game
 types (`custom`, `tw-simple`, `tw-cooking`, `tw-treasure_hunter`, `tw-coin_collector`) and
@@ -10,7 +10,7 @@ here, the challenges' come from `textworld.challenges`), so a spec holds exactly
 accepts, plus a few size caps (`CAPS`) that keep generation time bounded.
 
 Games are generated on first use, in this process (as `tw-make` does, minus a Python start-up
-per game), and cached under `env.textworld.games_dir` (default
+per game), and cached under `env.options.games_dir` (default
 `<cache_dir()>/textworld/<type>-<hash of spec and textworld version>/`), built in a temporary
 folder and renamed into place so a folder that exists is complete. Generation also plays the
 game's walkthrough once: a game its own walkthrough cannot win is refused (ValueError), which is
@@ -190,8 +190,8 @@ def _check_walkthrough(path: Path) -> list[str]:
 
 
 def games_dir(config: "EnvConfig") -> Path:
-    if config.textworld.games_dir:
-        return Path(config.textworld.games_dir).expanduser()
+    if config.options.games_dir:
+        return Path(config.options.games_dir).expanduser()
     from rlanything.models.loading import cache_dir
 
     return cache_dir() / "textworld"
@@ -258,9 +258,9 @@ class TextWorldEnv(TextGameEnv):
     # --- specs and rewrites -------------------------------------------------------------------
     @staticmethod
     def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
-        tw = config.textworld
+        tw = config.options
         return [
-            {"game": tw.game, "options": dict(tw.options), "seed": (seed * 100_003 + slot) % 2**31}
+            {"game": tw.game, "options": dict(tw.tw_make), "seed": (seed * 100_003 + slot) % 2**31}
             for slot in range(config.num_problems)
         ]
 
@@ -334,8 +334,8 @@ class TextWorldEnv(TextGameEnv):
         held-out games whose seed the run's buffer holds."""
         from rlanything.envs.heldout import heldout_seeds
 
-        tw = config.textworld
-        base = {"game": tw.game, "options": dict(tw.options), "seed": 0}
+        tw = config.options
+        base = {"game": tw.game, "options": dict(tw.tw_make), "seed": 0}
         if split == "ood":
             for _ in range(2):
                 try:

@@ -138,7 +138,7 @@ class TextWorldExpressEnv:
     # --- specs and rewrites -------------------------------------------------------------------
     @staticmethod
     def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
-        twx = config.textworld_express
+        twx = config.options
         return [
             {"game": twx.game, "params": dict(twx.params), "seed": (seed * 100_003 + slot) % 2**31, "fold": twx.fold}
             for slot in range(config.num_problems)
@@ -192,7 +192,7 @@ class TextWorldExpressEnv:
         model rewrite may pick any)."""
         from rlanything.envs.heldout import heldout_seeds
 
-        twx = config.textworld_express
+        twx = config.options
         params = dict(twx.params)
         if split == "ood":
             if "numLocations" in PARAMS.get(twx.game, ()):

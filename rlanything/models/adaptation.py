@@ -80,9 +80,10 @@ class TaskRewriter(Protocol):
 
 
 class ModelRewriter:
-    def __init__(self, engine: GenerationEngine, tokenizer, max_new_tokens: int, temperature: float):
+    def __init__(self, engine: GenerationEngine, tokenizer, max_new_tokens: int, temperature: float,
+                 top_p: float = 1.0):  # fmt: skip
         self.engine, self.tokenizer = engine, tokenizer
-        self.kw = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": 1.0}
+        self.kw = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
 
     def summarise(self, tasks: list[str], items: list[list[dict]], seed: int) -> list[str]:
         prompts = [render(self.tokenizer, critic_messages(t, i))[1] for t, i in zip(tasks, items)]

@@ -43,6 +43,7 @@ from typing import Callable
 import torch
 
 from rlanything import procs
+from rlanything.models.loading import resolve_device
 from rlanything.models.lora import load_for_training
 from rlanything.models.trainer import OPTIMIZER_STATE, Sample, TorchBackend, make_optimizer, ppo_update, save_checkpoint
 
@@ -64,6 +65,7 @@ class UpdateJob:
     clip_eps: float
     kl_beta: float
     seed: int
+    device: str = "auto"  # backend torch: where the model trains (config `device`)
     extra: dict = field(default_factory=dict)  # free-form notes (kind, iteration) for logs
 
 
@@ -140,8 +142,8 @@ def run_update(
     environment (`accelerate launch` sets it; in a plain process: one process, CPU or GPU).
     """
     model, tokenizer = load_for_training(Path(job.start), job.dtype, _lora(job), seed=job.seed)
-    if backend == "torch" and torch.cuda.is_available():
-        model.cuda()  # before the optimizer, so its resumed moments land on the same device
+    if backend == "torch":
+        model.to(resolve_device(job.device))  # before the optimizer: its resumed moments land there too
     optimizer = make_optimizer(model, job.lr, job.weight_decay, _optimizer_state(job))
     kwargs = dict(
         pad_id=tokenizer.pad_token_id, temperature=job.temperature, clip_eps=job.clip_eps, kl_beta=job.kl_beta,

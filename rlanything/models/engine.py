@@ -334,15 +334,14 @@ def eos_ids_of(model_dir, tokenizer) -> list[int]:
 
 
 def make_engine(section, role: str, model_dir, on_batch: Callable[[int], None] | None = None, log_path=None):
-    """The engine a config section (policy or rm) names, serving the weights in `model_dir`
-    -> (engine, tokenizer). `role` keys the process-wide vLLM server ("policy", "rm")."""
+    """The engine a model section (policy, rm, env_model: engine, device, dtype, batch_size,
+    kv_reuse_gb, vllm) names, serving the weights in `model_dir` -> (engine, tokenizer). `role`
+    keys the process-wide vLLM server ("policy", "rm", "env")."""
     from rlanything.models.loading import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     if section.engine == "transformers":
-        model = load_model(model_dir, section.dtype)
-        if torch.cuda.is_available():
-            model.cuda()
+        model = load_model(model_dir, section.dtype, section.device)
         engine = TransformersEngine(model, tokenizer, section.batch_size, on_batch, weights=str(model_dir),
                                     keep_bytes=section.kv_reuse_gb * 2**30)  # fmt: skip
         return engine, tokenizer

@@ -222,8 +222,25 @@ def load_tokenizer(path: Path):
     return tok
 
 
-def load_model(path: Path, dtype: str = "float32"):
-    """Causal LM from a local folder in ``dtype`` ("float32" or "bfloat16"), in eval mode."""
+def resolve_device(device: str = "auto"):
+    """A config's device -> ``torch.device``: ``auto`` is the first GPU if there is one, else
+    the CPU; ``cpu``, ``cuda``, ``cuda:N`` are taken as they are, once checked to exist."""
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    placed = torch.device(device)
+    if placed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (placed.index or 0) >= count:
+            raise ValueError(f"device {device!r} asked for, but this machine has {count} CUDA GPU(s): "
+                             "use device auto or cpu")  # fmt: skip
+    return placed
+
+
+def load_model(path: Path, dtype: str = "float32", device: str = "cpu"):
+    """Causal LM from a local folder in ``dtype`` ("float32" or "bfloat16") on ``device`` (see
+    :func:`resolve_device`), in eval mode."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -234,12 +251,13 @@ def load_model(path: Path, dtype: str = "float32"):
     _check_model_dir(Path(path))
     from rlanything.models.lora import is_adapter_only, load_merged
 
+    placed = resolve_device(device)
     if is_adapter_only(Path(path)):  # a LoRA checkpoint saved with `lora.save: adapter`
-        return load_merged(Path(path), dtype)
+        return load_merged(Path(path), dtype).to(placed)
     model = AutoModelForCausalLM.from_pretrained(
         path, local_files_only=True, dtype=getattr(torch, dtype)
     )
-    return model.eval()
+    return model.to(placed).eval()
 
 
 def tensor_bytes(state: dict) -> int:

@@ -18,8 +18,8 @@ import pandas as pd
 from rlanything.algo.curriculum import adaptation_direction, task_accuracy
 from rlanything.envs import env_class
 from rlanything.models.adaptation import ModelRewriter, RuleRewriter, extractive_summary, failed_steps
-from rlanything.models.engine import TransformersEngine
-from rlanything.models.loading import load_model, load_tokenizer, resolve_model_path
+from rlanything.models.engine import make_engine
+from rlanything.models.loading import resolve_model_path
 from rlanything.seeding import derive_seed
 from rlanything.storage.buffer import add_pending, judge_pending, read_buffer, write_buffer
 from rlanything.storage.parquet import read_table, write_table
@@ -100,15 +100,20 @@ def _ids(buffer: pd.DataFrame, task_id: str) -> dict:
     return {"task_id": task_id, "slot": int(row.slot), "version": int(row.version)}
 
 
+def env_model_rewriter(config) -> ModelRewriter:
+    """The environment model (section `env_model`: its own engine, device, dtype, batch size;
+    not the policy's) built by `make_engine` like the policy's and the RM's."""
+    section = config.env_model
+    engine, tokenizer = make_engine(section, "env", resolve_model_path(section.model))
+    return ModelRewriter(engine, tokenizer, section.max_new_tokens, section.temperature, section.top_p)
+
+
 def _rewrite(config, iteration, buffer, requests, outcomes, judgments, steps, episodes) -> pd.DataFrame:
     """Critic summaries and rewrites for `requests` (adaptation rows, filled in place)."""
     env_cls = env_class(config.env.kind)
     model_rewriter = None
     if config.adapt.critic == "model" or config.adapt.rewriter == "model":
-        path = resolve_model_path(config.env_model)
-        model, tokenizer = load_model(path, config.policy.dtype), load_tokenizer(path)
-        engine = TransformersEngine(model, tokenizer, config.policy.batch_size)
-        model_rewriter = ModelRewriter(engine, tokenizer, config.adapt.max_new_tokens, config.adapt.temperature)
+        model_rewriter = env_model_rewriter(config)
     for r in requests:
         of = lambda frame: frame[frame.task_id == r["task_id"]]  # noqa: E731
         r["spec"] = json.loads(buffer[buffer.task_id == r["task_id"]].spec.iloc[0])

@@ -115,7 +115,10 @@ def verify(run_dir: str, iteration: int):
     steps = read_table(layout.artifact(iteration, "rollouts"), ROLLOUTS)
     episodes = read_table(layout.artifact(iteration, "episodes"), EPISODES)
     specs = read_buffer(layout.tasks_snapshot(iteration)).set_index("task_id").spec
-    actions = steps.sort_values("step_idx").groupby("traj_id").action.apply(list)
+    # a missing action reads back as NaN (pandas' string dtype); environments are promised None
+    actions = steps.sort_values("step_idx").groupby("traj_id").action.apply(
+        lambda column: [a if isinstance(a, str) else None for a in column]
+    )
     weak_before = sandbox.RUNS["weak"]  # programs the coding env ran without bubblewrap
     rows = [verify_episode(config.env, ep._asdict(), specs[ep.task_id], actions.get(ep.traj_id, []))
             for ep in episodes.itertuples(index=False)]  # fmt: skip

@@ -37,7 +37,7 @@ def _update(run_dir: str, iteration: int, kind: str, samples: list[Sample], sect
         lr=optim.lr, weight_decay=optim.weight_decay, grad_clip=optim.grad_clip, updates=optim.updates_per_iteration,
         micro_batch_size=optim.micro_batch_size, temperature=section.temperature, clip_eps=config.algo.clip_eps,
         kl_beta=config.algo.kl_beta, seed=derive_seed(config.run.seed, iteration, f"{kind}_update"),
-        extra={"kind": kind, "iteration": iteration},
+        device=section.device, extra={"kind": kind, "iteration": iteration},
     )  # fmt: skip
     if config.train.launch:  # DDP / DeepSpeed processes of their own (train.launch)
         job_path = layout.iter_dir(iteration).resolve() / ".jobs" / f"{kind}_update.json"

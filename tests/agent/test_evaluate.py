@@ -73,7 +73,7 @@ def training_seeds(kind: str, overrides: list[str], run_seed: int, rewrites: int
 
 
 @pytest.mark.parametrize("kind,overrides", [
-    ("reasoning_gym", ["env.dataset=basic_arithmetic", f"env.dataset_config={json.dumps(ARITH)}", "env.num_problems=16"]),
+    ("reasoning_gym", ["env.options.dataset=basic_arithmetic", f"env.options.dataset_config={json.dumps(ARITH)}", "env.num_problems=16"]),
     ("textworld", ["env.num_problems=16"]),
     ("textworld_express", ["env.num_problems=16"]),
     ("miniwob", ["env.num_problems=16"]),
@@ -107,7 +107,7 @@ def test_reasoning_gym_splits_build_problems_and_ood_is_harder():
 
 
 def test_textworld_heldout_games_generate(tmp_path):
-    config = build_config({}, ["env.kind=textworld", f"env.textworld.games_dir={tmp_path}"]).env
+    config = build_config({}, ["env.kind=textworld", f"env.options.games_dir={tmp_path}"]).env
     cls = env_class("textworld")
     ood = heldout_specs(config, "ood", 1, 0)[0]
     assert ood["options"]["world_size"] == 4 and ood["options"]["quest_length"] == 4  # bigger and longer
@@ -119,14 +119,14 @@ def test_textworld_express_heldout_games_come_from_the_test_fold():
     config = build_config({}, ["env.kind=textworld_express"]).env
     cls = env_class("textworld_express")
     in_domain, ood = heldout_specs(config, "in_domain", 1, 0)[0], heldout_specs(config, "ood", 1, 0)[0]
-    assert in_domain["fold"] == ood["fold"] == "test" and config.textworld_express.fold == "train"
+    assert in_domain["fold"] == ood["fold"] == "test" and config.options.fold == "train"
     assert ood["params"]["numLocations"] == 3 and ood["params"]["numItemsToPutAway"] == 2
     for spec in (in_domain, ood):
         cls.validate_spec(config, spec)  # the game has a gold path
 
 
 def test_coding_heldout_problems_are_outside_the_initial_buffer():
-    for overrides in (["env.num_problems=40"], ["env.coding.problems=[HumanEval/0, HumanEval/1]", "env.num_problems=2"]):
+    for overrides in (["env.num_problems=40"], ["env.options.problems=[HumanEval/0, HumanEval/1]", "env.num_problems=2"]):
         config = build_config({}, ["env.kind=coding", *overrides]).env
         cls = env_class("coding")
         for run_seed in (0, 5):
@@ -147,13 +147,13 @@ def test_miniwob_heldout_specs_spec_level():
 
     config = build_config({}, ["env.kind=miniwob"]).env
     in_domain, ood = heldout_specs(config, "in_domain", 10, 0), heldout_specs(config, "ood", 10, 0)
-    assert [s["task"] for s in in_domain[:5]] == list(config.miniwob.tasks)
+    assert [s["task"] for s in in_domain[:5]] == list(config.options.tasks)
     assert all(s["seed"] >= 2**31 for s in in_domain + ood)  # the seed-changing rewrite stays below 2**31
     for spec in in_domain:
         for _, _, variant in MiniWoBEnv.variants(spec):
             assert variant["seed"] == spec["seed"] or variant["seed"] < 2**31
     laddered = {t for ladder in FAMILIES.values() for t in ladder}
-    assert not {s["task"] for s in ood} & (laddered | set(config.miniwob.tasks))  # no rewrite reaches them
+    assert not {s["task"] for s in ood} & (laddered | set(config.options.tasks))  # no rewrite reaches them
     assert all((html_dir() / f"{task}.html").is_file() for task in OOD_TASKS)
 
 
@@ -167,8 +167,8 @@ def test_alfworld_heldout_games_come_from_the_evaluation_folders(tmp_path):
             (game / "traj_data.json").write_text(json.dumps({"task_type": task_type}))
             (game / "game.tw-pddl").write_text(json.dumps({"solvable": True}))
     types = "[pick_and_place_simple, look_at_obj_in_light]"
-    config = build_config({}, ["env.kind=alfworld", f"env.alfworld.data_path={tmp_path}/json_2.1.1/train",
-                               f"env.alfworld.task_types={types}"]).env  # fmt: skip
+    config = build_config({}, ["env.kind=alfworld", f"env.options.data_path={tmp_path}/json_2.1.1/train",
+                               f"env.options.task_types={types}"]).env  # fmt: skip
     cls = env_class("alfworld")
     trained = cls.initial_specs(config, 0)
     assert all("split" not in s for s in trained)
@@ -186,8 +186,8 @@ def test_osworld_heldout_specs_spec_level(tmp_path):
         folder.mkdir(parents=True)
         for k in range(4):
             (folder / f"{domain}-{k}.json").write_text(json.dumps({"instruction": "x", "evaluator": {}}))
-    config = build_config({}, ["env.kind=osworld", f"env.osworld.examples_dir={tmp_path}",
-                               "env.osworld.domains=[os, chrome]", "env.num_problems=3"]).env  # fmt: skip
+    config = build_config({}, ["env.kind=osworld", f"env.options.examples_dir={tmp_path}",
+                               "env.options.domains=[os, chrome]", "env.num_problems=3"]).env  # fmt: skip
     used = {(s["domain"], s["example_id"]) for s in env_class("osworld").initial_specs(config, 0)}
     in_domain, ood = heldout_specs(config, "in_domain", 20, 0), heldout_specs(config, "ood", 20, 0)
     assert len(in_domain) == 5 and not {(s["domain"], s["example_id"]) for s in in_domain} & used

@@ -61,7 +61,7 @@ def alfworld_data(tmp_path_factory):
 def alf_config(root, n=2, max_steps=8):
     alfworld = {"data_path": str(root), "task_types": ["pick_and_place_simple"]}
     return build_config({"env": {"kind": "alfworld", "num_problems": n, "max_steps": max_steps,
-                                 "alfworld": alfworld}}).env  # fmt: skip
+                                 "options": alfworld}}).env  # fmt: skip
 
 
 def play_and_verify(config, tokenizer, specs, plans, max_steps):

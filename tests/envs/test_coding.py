@@ -21,7 +21,7 @@ IDS = ["HumanEval/0", "HumanEval/32", "HumanEval/151"]
 def coding_config(**coding):
     coding = {"sandbox": {"timeout_s": 3.0}, **coding}
     return build_config({"env": {"kind": "coding", "num_problems": len(coding.get("problems", [])) or 3,
-                                 "coding": coding}}).env  # fmt: skip
+                                 "options": coding}}).env  # fmt: skip
 
 
 def run(config, tokenizer, specs, answers):

@@ -26,12 +26,12 @@ ALL_TASKS = [task for ladder in FAMILIES.values() for task in ladder]
 
 
 def env_config(**miniwob):
-    data = {"kind": "miniwob", "max_steps": 15, "num_problems": 3, "miniwob": {"pool_size": 2, **miniwob}}
+    data = {"kind": "miniwob", "max_steps": 15, "num_problems": 3, "options": {"pool_size": 2, **miniwob}}
     return build_config({"env": data}).env
 
 
 def pool_of(cfg):
-    m = cfg.miniwob
+    m = cfg.options
     return process_pool(m.pool_size, m.chromium, m.chromedriver, m.launch_timeout_s)
 
 

@@ -4,7 +4,7 @@ Specs, rewrites, observations and action checks run everywhere, on a small examp
 OSWorld's layout. The episode logic runs against a stand-in `desktop_env` module with
 DesktopEnv's signatures (no VM here). Tests against the real package skip only when OSWorld
 (`desktop_env`) is not installed; the live episode also needs a VM: set RLANYTHING_OSWORLD to
-a JSON `env.osworld` section (examples_dir, desktop_env arguments).
+a JSON `env.options` section of kind osworld (examples_dir, desktop_env arguments).
 """
 
 import inspect
@@ -44,7 +44,7 @@ def write_examples(root, domain="os", n=3):
 
 def env_config(examples_dir, **osworld):
     data = {"kind": "osworld", "num_problems": 4, "max_steps": 5,
-            "osworld": {"examples_dir": examples_dir, "pause_s": 0, **osworld}}  # fmt: skip
+            "options": {"examples_dir": examples_dir, "pause_s": 0, **osworld}}  # fmt: skip
     return build_config({"env": data}).env
 
 
@@ -175,9 +175,9 @@ def test_adapter_matches_the_installed_desktop_env():
 def test_live_episode_on_the_users_vm():
     pytest.importorskip("desktop_env", reason="OSWorld (pip package desktop-env) is not installed")
     if "RLANYTHING_OSWORLD" not in os.environ:
-        pytest.skip("set RLANYTHING_OSWORLD to a JSON env.osworld section to run an episode on a VM")
+        pytest.skip("set RLANYTHING_OSWORLD to a JSON env.options section (kind osworld) to run an episode on a VM")
     cfg = build_config({"env": {"kind": "osworld", "num_problems": 1,
-                                "osworld": json.loads(os.environ["RLANYTHING_OSWORLD"])}}).env  # fmt: skip
+                                "options": json.loads(os.environ["RLANYTHING_OSWORLD"])}}).env  # fmt: skip
     spec = initial_specs(cfg, seed=0)[0]
     env = make_env(cfg)
     try:

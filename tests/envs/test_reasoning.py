@@ -9,7 +9,7 @@ EASY = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "opera
 
 
 def env_config(dataset="basic_arithmetic", params=EASY, n=3):
-    return build_config({"env": {"dataset": dataset, "dataset_config": params, "num_problems": n}}).env
+    return build_config({"env": {"options": {"dataset": dataset, "dataset_config": params}, "num_problems": n}}).env
 
 
 def play(spec, answer):

@@ -24,9 +24,9 @@ def games(tmp_path_factory):
 
 
 def tw_config(games, n=2, max_steps=6, **textworld):
-    textworld = {"game": "custom", "options": SMALL, "games_dir": str(games), **textworld}
+    textworld = {"game": "custom", "tw_make": SMALL, "games_dir": str(games), **textworld}
     return build_config({"env": {"kind": "textworld", "num_problems": n, "max_steps": max_steps,
-                                 "textworld": textworld}}).env  # fmt: skip
+                                 "options": textworld}}).env  # fmt: skip
 
 
 def run(config, tokenizer, specs, plans, max_steps):
@@ -155,7 +155,7 @@ def test_rewrites_round_trip_and_the_rewritten_game_is_built(games):
 
 
 def test_a_challenge_game_type_plays_too(games, tiny_tokenizer):
-    config = tw_config(games, game="tw-treasure_hunter", options={"level": 1})
+    config = tw_config(games, game="tw-treasure_hunter", tw_make={"level": 1})
     spec = initial_specs(config, seed=0)[0]
     plan = [f"\\boxed{{{c}}}" for c in walkthrough(config, spec)]
     _, episodes, outcomes = run(config, tiny_tokenizer, [spec], {first_observations(config, [spec])[0]: plan}, 4)

@@ -24,7 +24,7 @@ def run(prefect_server, tmp_path_factory):
     overrides = [
         f"run.root={root}", "run.name=adapt", "run.iterations=3", "env.num_problems=3",
         "policy.tasks_per_iteration=2", "policy.group_size=2", "adapt.rewriter=rule", "adapt.critic=extractive",
-        "env.dataset_config.max_terms=3", "env.dataset_config.max_digits=2",
+        "env.options.dataset_config.max_terms=3", "env.options.dataset_config.max_digits=2",
     ]  # fmt: skip
     result = train_flow(str(REPO / "configs" / "tiny.yaml"), overrides)
     return RunLayout(Path(result["run_dir"])), result
