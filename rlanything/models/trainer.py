@@ -16,7 +16,6 @@ the all-reduced (averaged) gradient is still the mini-batch's mean over sequence
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,6 @@ import torch
 
 from rlanything.algo.losses import ppo_clip_loss
 from rlanything.models.engine import response_logprobs
-from rlanything.models.loading import save_model
 
 
 @dataclass
@@ -92,14 +90,6 @@ def make_optimizer(model, lr: float, weight_decay: float, state_path: Path | Non
             group["lr"], group["weight_decay"] = lr, weight_decay
             group["fused"], group["foreach"] = fused or None, None  # a saved state brings its own flags
     return optimizer
-
-
-def save_checkpoint(model, tokenizer, optimizer, out_dir: Path) -> None:
-    """HF folder (atomic) plus `optimizer.pt` (atomic) for resuming AdamW's moments."""
-    save_model(model, tokenizer, out_dir)
-    tmp = out_dir / ".optimizer.pt.tmp"
-    torch.save(optimizer.state_dict(), tmp)
-    os.replace(tmp, out_dir / "optimizer.pt")
 
 
 def ppo_update(

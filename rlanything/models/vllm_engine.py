@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from rlanything.models.engine import Generation
+from rlanything.models.engine import Generation, finish
 
 SERVED_NAME = "rlanything"
 
@@ -170,9 +170,6 @@ class VllmEngine:
         """The checkpoint folder whose weights produced (and will produce) the samples."""
         return str(self.server.model_dir)
 
-    def load(self, model_dir: Path) -> None:
-        self.server.load(model_dir)
-
     def _post(self, body: dict) -> dict:
         response = self.server.http.post("/v1/completions", json={"model": SERVED_NAME, **body})
         if response.status_code != 200:
@@ -198,16 +195,9 @@ class VllmEngine:
             tokens = list(choice["token_ids"])
             logprobs = [float(lp) for lp in choice["logprobs"]["token_logprobs"]]
             self.on_batch(1)
-            return self._finish(tokens, logprobs, choice["finish_reason"])
+            return finish(tokens, logprobs, self.eos_ids, self.tokenizer, choice["finish_reason"])
 
         return self._map(one, list(enumerate(prompts)))
-
-    def _finish(self, tokens: list[int], logprobs: list[float], reason: str) -> Generation:
-        end = next((k for k, t in enumerate(tokens) if t in self.eos_ids), None)
-        keep = len(tokens) if end is None else end + 1
-        reason = "stop" if end is not None else "length"
-        text = self.tokenizer.decode(tokens[:keep], skip_special_tokens=True)
-        return Generation(tokens[:keep], logprobs[:keep], text, reason)
 
     def score(self, prompts, continuations, *, temperature, prefix_cache=None):
         if temperature != 1.0:
