@@ -148,3 +148,17 @@ TASKS = pa.schema(
         pa.field("decided_iter", pa.int32()),
     ]
 )
+
+
+# Artifact name (iter_NNNN/<name>.parquet, as `storage/layout.py` PIPELINE lists them) -> its schema:
+# the one place the pairing is written; read and write artifacts through `storage/artifacts.py`.
+ARTIFACTS = {
+    "rollouts": ROLLOUTS,
+    "episodes": EPISODES,
+    "outcomes": OUTCOMES,
+    "judgments": JUDGMENTS,
+    "advantages": ADVANTAGES,
+    "policy_update": UPDATE,
+    "rm_update": UPDATE,
+    "adaptation": ADAPTATION,
+}
