@@ -83,7 +83,7 @@ class VllmServer:
 
     def _launch(self) -> str:
         port = self.config.port or _free_port(self.config.host)
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **self.config.env}
+        env = {"HF_HUB_OFFLINE": "1", **os.environ, "VLLM_SERVER_DEV_MODE": "1", **self.config.env}  # never a hub
         for key in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):  # never leak our venv into vLLM's
             env.pop(key, None)
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
