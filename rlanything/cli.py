@@ -12,6 +12,12 @@ from rich.table import Table
 
 from rlanything import procs
 from rlanything.config import ConfigError, load_config
+from rlanything.tasks import use_prefect_defaults
+
+# The command line is an application: it may set process-wide defaults (the user's environment
+# wins). Prefect reads its settings on first import, which happens later, inside the commands.
+use_prefect_defaults()
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console()

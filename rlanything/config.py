@@ -349,9 +349,9 @@ def env_options_model(kind: str) -> type[BaseModel]:
     """The options model of an environment kind: a built-in's, or a plug-in class's `Options`."""
     if kind in ENV_OPTIONS:
         return ENV_OPTIONS[kind]
-    from rlanything.envs.base import env_class  # imports the plug-in's module; only plug-ins need it
+    from rlanything.plugins import environment_class  # imports the plug-in's module; only plug-ins need it
 
-    options = getattr(env_class(kind), "Options", NoOptions)
+    options = getattr(environment_class(kind, {}), "Options", NoOptions)
     if not (isinstance(options, type) and issubclass(options, BaseModel)):
         raise ValueError(f"{kind}.Options must be a pydantic BaseModel subclass, got {options!r}")
     return options

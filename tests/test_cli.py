@@ -118,14 +118,14 @@ def test_resume_refuses_a_run_whose_folder_was_moved(tmp_path):
 
 def test_tasks_prints_the_buffer_and_a_slots_lineage(tmp_path, monkeypatch):
     from rlanything import cli
-    from rlanything.storage.buffer import add_pending, initial_buffer, judge_pending, write_buffer
+    from rlanything.storage.buffer import add_pending, initial_buffer, settle_pending, write_buffer
 
     monkeypatch.setattr(cli.console, "width", 250)  # a wide terminal: no folded ids
 
     buffer = initial_buffer([{"seed": 1}, {"seed": 2}])
     buffer, child = add_pending(buffer, "s0001v00", {"seed": 20}, "harder", "too easy", 0.9, iteration=0)
     write_buffer(buffer, tmp_path / "r" / "tasks" / "v0001.parquet")
-    judged, _ = judge_pending(buffer, {child: 0.5}, iteration=1, low=0.2, high=0.8)
+    judged = settle_pending(buffer, child, True, "accepted", 0.5, iteration=1)
     write_buffer(judged, tmp_path / "r" / "tasks" / "v0002.parquet")
     everything = runner.invoke(app, ["tasks", str(tmp_path / "r")], terminal_width=250)
     assert everything.exit_code == 0, everything.output

@@ -1,1 +1,3 @@
-"""The agent: the multi-turn loop joining a generation engine and an environment, and its greedy evaluation."""
+"""The agent: the multi-turn loop that joins a generation engine (models) and an environment
+(envs), and its greedy evaluation on held-out problems. Library code: no Prefect, no Parquet;
+the rollout task calls `rollout.play`, the evaluation tasks `evaluate`."""

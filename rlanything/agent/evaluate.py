@@ -24,7 +24,7 @@ from typing import Any, Callable
 from rlanything.envs.base import Environment, make_env, replayable
 from rlanything.envs.heldout import drop_trained, heldout_specs
 from rlanything.models.engine import GenerationEngine
-from rlanything.models.rollout import play  # moves to rlanything.agent.rollout
+from rlanything.agent.rollout import play
 
 
 class ScoredEnv:

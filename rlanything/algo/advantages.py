@@ -11,9 +11,15 @@ Where we depart from the paper / authors' code, and why:
 * std is the *unbiased* sample std (ddof=1), as ``torch.std`` and verl's GRPO use;
   the paper does not say which. With groups of 2-8 the two differ by up to ~40%,
   so the choice is written here and tested.
-* "std = 0" is decided exactly (group max == group min), not by comparing a
-  floating-point std with 0: the mean of equal floats is not always exactly equal
-  to them, and the caller drops samples by testing ``advantage == 0``.
+* Zero tests use a tolerance scaled to the group, ``ZERO_RTOL * (max|group| + 1)``
+  (``is_negligible``), never ``== 0`` on computed floats: a value equal to its group's
+  mean comes out of float summation as 0 or +-1e-16 depending on the order (e.g. the
+  group [-1.2, -0.4, 1.8, -1.8] has mean -0.4, and ``-0.4 - mean`` is 0, +5.6e-17 or
+  -5.6e-17 depending on the order the four are summed in). A group
+  whose max - min is negligible has "std 0" (all its advantages 0, RM row invalid); a
+  value whose distance to the mean is negligible has advantage exactly 0.0. The caller
+  drops samples by ``advantage == 0``, which is then exact. The loop references in this
+  module and the tests apply the same rule.
 * A singleton group keeps its raw value for the policy (paper) but makes an RM row
   invalid (m = 1 judgments cannot be compared), as the design says "skipped".
 * Group ids may be any hashable values (ints, strings, tuples in an object array);
@@ -27,6 +33,20 @@ import math
 from collections import defaultdict
 
 import numpy as np
+
+ZERO_RTOL = 1e-9  # relative to the group's largest |value| (+1, so values near 0 use an absolute 1e-9)
+
+
+def is_negligible(x: np.ndarray | float, scale: np.ndarray | float) -> np.ndarray | bool:
+    """|x| <= ZERO_RTOL * (scale + 1): the zero test of every advantage rule.
+
+    x and scale broadcast (scale = the group's max |value|) -> bool array (or bool).
+
+    >>> vals = np.array([-1.2, -1.8, -0.4, 1.8])  # mean -0.4, summed in this order
+    >>> float(vals[2] - vals.mean()), bool(is_negligible(vals[2] - vals.mean(), np.abs(vals).max()))
+    (-5.551115123125783e-17, True)
+    """
+    return np.abs(x) <= ZERO_RTOL * (np.asarray(scale) + 1.0)
 
 
 def _factorize(*keys: np.ndarray) -> np.ndarray:
@@ -52,10 +72,12 @@ def _zscore_codes(values: np.ndarray, codes: np.ndarray, eps: float) -> tuple[np
     vmin = np.full(n_groups, np.inf)
     np.maximum.at(vmax, codes, values)
     np.minimum.at(vmin, codes, values)
+    scale = np.maximum(np.abs(vmax), np.abs(vmin))  # max |value| per group
     group_size = count[codes]
     z = centred / (std[codes] + eps)
-    z = np.where((vmax == vmin)[codes], 0.0, z)
-    z = np.where(group_size == 1, values, z)
+    zero = is_negligible((vmax - vmin)[codes], scale[codes]) | is_negligible(centred, scale[codes])
+    z = np.where(zero, 0.0, z)
+    z = np.where(group_size == 1, np.where(is_negligible(values, np.abs(values)), 0.0, values), z)
     return z, group_size
 
 
@@ -63,7 +85,8 @@ def group_zscore(values: np.ndarray, group_ids: np.ndarray, eps: float = 1e-6) -
     """Z-score within groups: (v - mean) / (std + eps), std with ddof=1.
 
     values (N,), group_ids (N,) of any hashable values -> (z (N,) float64, group_size (N,) int64).
-    Singleton group -> z = raw value; all values equal (size >= 2) -> z = 0.
+    Singleton group -> z = raw value; all values equal (size >= 2) -> z = 0; a value at its
+    group's mean -> exactly 0 (equality up to ``is_negligible``).
 
     >>> z, n = group_zscore(np.array([2.0, 0.0, 5.0, 1.0, 1.0]), np.array(["a", "a", "b", "c", "c"]))
     >>> z.round(4), n
@@ -113,15 +136,16 @@ def step_index_advantages_loop(
     advantage = np.zeros(len(integrated), dtype=np.float64)
     for rows in groups.values():
         vals = [float(integrated[r]) for r in rows]
+        scale = max(abs(v) for v in vals)
         if len(vals) == 1:
-            advantage[rows[0]] = vals[0]
+            advantage[rows[0]] = 0.0 if is_negligible(vals[0], scale) else vals[0]
             continue
-        if max(vals) == min(vals):
-            continue  # stays 0
+        if is_negligible(max(vals) - min(vals), scale):
+            continue  # std 0: stays 0
         mean = sum(vals) / len(vals)
         std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
         for r, v in zip(rows, vals):
-            advantage[r] = (v - mean) / (std + eps)
+            advantage[r] = 0.0 if is_negligible(v - mean, scale) else (v - mean) / (std + eps)
     return advantage
 
 
@@ -129,7 +153,8 @@ def rm_advantages(rm_reward: np.ndarray, eps: float = 1e-6) -> tuple[np.ndarray,
     """RM advantage per judgment: z-score across the m judgments of each (trajectory, step).
 
     rm_reward (N, m) -> (advantage (N, m) float64, valid (N,) bool).
-    Rows whose m rewards are all equal, or m == 1, are invalid (advantage 0): skipped.
+    Rows whose m rewards are all equal (up to ``is_negligible``), or m == 1, are invalid
+    (advantage 0): skipped. A judgment whose reward is its row's mean gets exactly 0.
 
     >>> adv, valid = rm_advantages(np.array([[1.0, 1.0, -1.0], [2.0, 2.0, 2.0]]))
     >>> adv.round(3), valid
@@ -142,8 +167,11 @@ def rm_advantages(rm_reward: np.ndarray, eps: float = 1e-6) -> tuple[np.ndarray,
     n, m = rm_reward.shape
     if m < 2:
         return np.zeros_like(rm_reward), np.zeros(n, dtype=bool)
-    valid = rm_reward.max(axis=1) != rm_reward.min(axis=1)
+    scale = np.abs(rm_reward).max(axis=1, keepdims=True)  # (N, 1)
+    valid = ~is_negligible(rm_reward.max(axis=1) - rm_reward.min(axis=1), scale[:, 0])
     mean = rm_reward.mean(axis=1, keepdims=True)
     std = rm_reward.std(axis=1, ddof=1, keepdims=True)
-    advantage = np.where(valid[:, None], (rm_reward - mean) / (std + eps), 0.0)
+    centred = rm_reward - mean
+    zero = ~valid[:, None] | is_negligible(centred, scale)
+    advantage = np.where(zero, 0.0, centred / (std + eps))
     return advantage, valid

@@ -23,6 +23,20 @@ from __future__ import annotations
 import numpy as np
 
 
+def success_rate(outcome: np.ndarray) -> float:
+    """Fraction of trajectories with outcome +1 (anything else is a failure); 0.0 when empty.
+
+    outcome (N,) -> python float. The accuracy of one task, or of a whole batch.
+
+    >>> success_rate(np.array([1, -1, 1, 1])), success_rate(np.array([]))
+    (0.75, 0.0)
+    """
+    outcome = np.asarray(outcome)
+    if outcome.ndim != 1:
+        raise ValueError(f"need outcome (N,); got {outcome.shape}")
+    return float((outcome == 1).mean()) if outcome.size else 0.0
+
+
 def task_accuracy(outcome: np.ndarray, task_ids: np.ndarray) -> dict:
     """Fraction of a task's trajectories with outcome +1.
 
@@ -36,12 +50,10 @@ def task_accuracy(outcome: np.ndarray, task_ids: np.ndarray) -> dict:
     task_ids = np.asarray(task_ids)
     if outcome.ndim != 1 or task_ids.shape != outcome.shape:
         raise ValueError(f"need outcome (N,) and task_ids (N,); got {outcome.shape} and {task_ids.shape}")
-    wins: dict = {}
-    count: dict = {}
-    for task, o in zip(task_ids.tolist(), outcome.tolist()):
-        wins[task] = wins.get(task, 0) + (o == 1)
-        count[task] = count.get(task, 0) + 1
-    return {task: wins[task] / count[task] for task in count}
+    rows: dict = {}
+    for row, task in enumerate(task_ids.tolist()):
+        rows.setdefault(task, []).append(row)
+    return {task: success_rate(outcome[idx]) for task, idx in rows.items()}
 
 
 def in_band(accuracy: np.ndarray | float, low: float, high: float) -> np.ndarray | bool:
@@ -105,3 +117,18 @@ def accept_rewrite(
         if acc_new > high:
             return False, "above_band"
     return True, "accepted"
+
+
+def judge_rewrite(
+    direction: str, parent_accuracy: float, accuracy: float | None, low: float = 0.2, high: float = 0.8
+) -> tuple[bool, str]:
+    """The acceptance rule for a pending rewrite after its rollouts: ``accept_rewrite``, and a
+    rewrite nobody measured (accuracy None: every rollout of it failed in the environment) is
+    rejected as "not_measured".
+
+    >>> judge_rewrite("harder", 0.9, None), judge_rewrite("harder", 0.9, 0.5)
+    ((False, 'not_measured'), (True, 'accepted'))
+    """
+    if accuracy is None:
+        return False, "not_measured"
+    return accept_rewrite(direction, float(parent_accuracy), accuracy, low, high)

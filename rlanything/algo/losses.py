@@ -8,10 +8,14 @@ Paper (design.md section 1), for the policy and the RM alike:
 
 Where we depart from the paper / authors' code, and why:
 
-* The KL reference defaults to ``old_logprobs`` (the model that generated the
-  samples), as design.md says: k3(pi_theta || pi_old). With one pass over the samples
-  it is ~0 at the first step and only restrains drift within an iteration. Pass
-  ``ref_logprobs`` (e.g. of the initial model) for a GRPO-style anchor.
+* The KL reference is ``old_logprobs`` (the model that generated the samples), as the
+  method says: k3(pi_theta || pi_old). With one pass over the samples it is ~0 at the
+  first step and only restrains drift within an iteration.
+* The log-ratio is clamped to [-20, 20] before ``exp`` (as verl does), in the ratio and
+  in the k3 term, so one token whose log-prob moved very far cannot make the ratio, the
+  loss or the gradient inf/NaN (the paper exponentiates unclamped). The
+  clamp only acts where the ratio is below 2e-9 or above 4.8e8, far outside the clip range,
+  where the clipped term already carries no gradient for positive advantages.
 * "Sequence mean, then batch mean" (not a token mean over the batch): every sample
   weighs the same whatever its length, as the paper writes. Sequences whose mask is
   empty are ignored rather than counted as zero.
@@ -27,6 +31,8 @@ Where we depart from the paper / authors' code, and why:
 from __future__ import annotations
 
 import torch
+
+LOG_RATIO_CLAMP = 20.0  # |log pi_theta - log pi_old| fed to exp, as verl clamps it
 
 
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -69,13 +75,11 @@ def ppo_clip_loss(
     response_mask: torch.Tensor,
     clip_eps: float = 0.2,
     kl_beta: float = 0.01,
-    ref_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip loss with a k3 KL penalty, reduced by ``masked_sequence_mean``.
 
     logprobs (B, T) with grad, old_logprobs (B, T), advantages (B,) (one per sample,
-    applied to all its response tokens), response_mask (B, T), ref_logprobs (B, T)
-    or None (= old_logprobs) -> (loss scalar, stats). stats holds python floats:
+    applied to all its response tokens), response_mask (B, T) -> (loss scalar, stats). stats holds python floats:
     "loss", "pg_loss", "kl" (same reduction as the loss; loss = pg_loss + kl_beta * kl),
     "clip_frac", "ratio_mean" (means over all masked tokens).
 
@@ -85,17 +89,16 @@ def ppo_clip_loss(
     (tensor(-2.), 0.0, 1.0)
     """
     mask = response_mask.bool()
-    if ref_logprobs is None:
-        ref_logprobs = old_logprobs
     zero = torch.zeros_like(logprobs)
     log_ratio = torch.where(mask, logprobs - old_logprobs, zero)  # (B, T)
-    ratio = torch.exp(log_ratio)
+    ratio = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     adv = advantages.to(logprobs.dtype).unsqueeze(-1)  # (B, 1)
     pg_unclipped = -ratio * adv
     pg_clipped = -torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
     pg = torch.maximum(pg_unclipped, pg_clipped)  # = -min(ratio * A, clip(ratio) * A)
 
-    ref_diff = torch.where(mask, ref_logprobs - logprobs, zero)  # (B, T)
+    ref_diff = torch.where(mask, old_logprobs - logprobs, zero)  # (B, T): the reference is the sampler
+    ref_diff = torch.clamp(ref_diff, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # exp(+big) would be inf
     kl = torch.exp(ref_diff) - ref_diff - 1.0
 
     pg_loss = masked_sequence_mean(pg, mask)

@@ -16,12 +16,12 @@ attribute; none: it takes no options) and reach it as `config.options`. See exam
 
 from __future__ import annotations
 
-import importlib
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rlanything.algo.parsing import extract_last_boxed
+from rlanything.plugins import environment_class
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
@@ -132,32 +132,11 @@ ENV_CLASSES = {
 }  # fmt: skip
 """Built-in kinds -> their classes (imported on first use: each pulls its own libraries)."""
 
-PROTOCOL = ("system_prompt", "judge_hint", "reset", "step", "outcome", "close", "initial_specs", "validate_spec",
-            "rewrite_instructions", "parse_rewrite", "rule_rewrite")  # fmt: skip
-"""What a class must define to be an `Environment` (checked when a plug-in is loaded)."""
-
 
 def env_class(kind: str) -> type[Environment]:
     """The environment class of `kind`: a built-in name (`ENV_CLASSES`), or a plug-in given as
     "package.module:ClassName" (any importable class implementing `Environment`)."""
-    ref = ENV_CLASSES.get(kind, kind)
-    module_name, colon, name = ref.partition(":")
-    if not colon or not module_name or not name:
-        raise ValueError(f"unknown environment kind {kind!r}: use one of {list(ENV_CLASSES)} or a plug-in "
-                         "class as 'package.module:ClassName'")  # fmt: skip
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"environment {kind!r}: cannot import {module_name!r} ({err}); is its package "
-                         "installed, or its folder on PYTHONPATH?") from err  # fmt: skip
-    cls = getattr(module, name, None)
-    if not isinstance(cls, type):
-        raise ValueError(f"environment {kind!r}: module {module_name!r} has no class {name!r}")
-    missing = [member for member in PROTOCOL if not hasattr(cls, member)]
-    if missing:
-        raise ValueError(f"environment {kind!r} does not implement rlanything.envs.base.Environment: "
-                         f"missing {', '.join(missing)}")  # fmt: skip
-    return cls
+    return environment_class(kind, ENV_CLASSES)
 
 
 def make_env(config: "EnvConfig") -> Environment:

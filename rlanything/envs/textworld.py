@@ -192,7 +192,7 @@ def _check_walkthrough(path: Path) -> list[str]:
 def games_dir(config: "EnvConfig") -> Path:
     if config.options.games_dir:
         return Path(config.options.games_dir).expanduser()
-    from rlanything.models.loading import cache_dir
+    from rlanything.paths import cache_dir
 
     return cache_dir() / "textworld"
 

@@ -19,10 +19,12 @@ from prefect import flow, get_run_logger
 
 from rlanything.flows.runlock import run_lock
 from rlanything.flows.steps import run_on_deployment
-from rlanything.storage import checkpoints, reports, tracking
+from rlanything.reports.iteration import write_reports
+from rlanything.storage import checkpoints, tracking
 from rlanything.storage.layout import RunLayout
+from rlanything.storage.parquet import write_text
 from rlanything.tasks.adapt import adapt_tasks
-from rlanything.tasks.common import mlflow_run_id, open_run, step_options
+from rlanything.tasks.common import open_run, step_options
 from rlanything.tasks.rollout import rollout, verify
 from rlanything.tasks.scoring import advantages, rm_score
 from rlanything.tasks.update import policy_update, rm_update
@@ -60,7 +62,7 @@ def iteration_flow(run_dir: str, iteration: int) -> dict[str, float]:
         _record(layout, iteration, metrics, states)
         # Only now that the iteration is done: until then a resume reads the previous checkpoints.
         pruned = checkpoints.prune(layout, config.run.keep_checkpoints, iteration)
-        tracking.log_metrics(config.mlflow_uri, mlflow_run_id(layout), pruned.metrics(), step=iteration)
+        tracking.log_metrics(config.mlflow_uri, layout.mlflow_run_id(), pruned.metrics(), step=iteration)
         logger.info("checkpoints: removed %s (%d bytes); %d bytes on disk",
                     [p.relative_to(layout.run_dir).as_posix() for p in pruned.removed] or "nothing",
                     pruned.bytes_removed, pruned.bytes_on_disk)  # fmt: skip
@@ -71,11 +73,11 @@ def _record(layout: RunLayout, iteration: int, metrics: dict[str, float], states
     """Log the iteration's metrics, its summary and the human-readable reports (plots,
     markdown, sample trajectories), then mark it done."""
     config, _ = open_run(str(layout.run_dir))
-    run_id = mlflow_run_id(layout)
+    run_id = layout.mlflow_run_id()
     tracking.log_metrics(config.mlflow_uri, run_id, metrics, step=iteration)
     summary = layout.iter_dir(iteration) / "summary.json"
-    summary.write_text(json.dumps({"iteration": iteration, **metrics}, indent=2, sort_keys=True))
-    views = reports.write_reports(layout, iteration, states, config.algo.band)
+    write_text(json.dumps({"iteration": iteration, **metrics}, indent=2, sort_keys=True), summary)
+    views = write_reports(layout, iteration, states, config.algo.band)
     tracking.log_artifacts(config.mlflow_uri, run_id, [summary, *views], f"iter_{iteration:04d}")
     tracking.log_artifacts(config.mlflow_uri, run_id, views[:2], None)  # the latest curves and tasks plot on the run's front page
-    layout.iteration_done(iteration).write_text("done\n")
+    write_text("done\n", layout.iteration_done(iteration))

@@ -17,14 +17,15 @@ from prefect import flow
 from prefect.deployments import run_deployment
 from prefect.states import Completed, State
 
-from rlanything.storage.layout import RunLayout
+from rlanything.storage.layout import STEPS, RunLayout
 from rlanything.tasks.adapt import adapt_tasks
 from rlanything.tasks.common import step_key, step_options
 from rlanything.tasks.rollout import rollout, verify
 from rlanything.tasks.scoring import advantages, rm_score
 from rlanything.tasks.update import policy_update, rm_update
 
-STEP_TASKS = {t.name: t for t in (rollout, verify, rm_score, advantages, policy_update, rm_update, adapt_tasks)}
+_TASKS = {t.name: t for t in (rollout, verify, rm_score, advantages, policy_update, rm_update, adapt_tasks)}
+STEP_TASKS = {name: _TASKS[name] for name in STEPS}  # in the order `storage.layout.PIPELINE` declares
 
 
 class RemoteStepError(RuntimeError):

@@ -21,6 +21,7 @@ from rlanything.flows.runlock import run_lock
 from rlanything.storage import tracking
 from rlanything.storage.buffer import initial_buffer, write_buffer
 from rlanything.storage.layout import RunLayout
+from rlanything.storage.parquet import write_text
 
 
 def prepare_run(config: Config) -> RunLayout:
@@ -42,7 +43,7 @@ def prepare_run(config: Config) -> RunLayout:
         config.mlflow_uri, config.run.experiment, root / "mlartifacts", layout.run_dir, config.run.name
     )
     tracking.log_params(config.mlflow_uri, run_id, flatten(config.to_dict()))
-    (layout.run_dir / "mlflow_run_id").write_text(run_id + "\n")
+    write_text(run_id + "\n", layout.mlflow_run_id_file)
     return layout
 
 
@@ -54,7 +55,7 @@ def train_flow(config_path: str, overrides: list[str] | None = None, iterations:
         config = config.model_copy(update={"run": config.run.model_copy(update={"iterations": iterations})})
     with run_lock(config.run_dir):  # before anything is written: a loser changes nothing
         layout = prepare_run(config)
-        run_id = (layout.run_dir / "mlflow_run_id").read_text().strip()
+        run_id = layout.mlflow_run_id()
         tracking.set_running(config.mlflow_uri, run_id)  # a resumed run was FAILED, or RUNNING if killed
         metrics: dict[str, float] = {}
         try:

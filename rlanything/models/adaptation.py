@@ -13,8 +13,6 @@ format, for runs whose model cannot yet follow the format (our addition, `adapt.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
 import pandas as pd
 
 from rlanything.models.engine import GenerationEngine
@@ -70,13 +68,6 @@ def rewrite_messages(task: str, instructions: str, direction: str, critic_summar
         f"Rewrite the task to make it {direction}, keeping it solvable and checkable.\n{instructions}"
     )
     return [{"role": "user", "content": prompt}]
-
-
-class TaskRewriter(Protocol):
-    def propose(self, requests: list[dict[str, Any]], attempts: int, seed: int) -> list[list[str]]:
-        """requests: dicts with task, spec, direction, critic_summary, instructions ->
-        for each request, `attempts` answers in the environment's rewrite format."""
-        ...
 
 
 class ModelRewriter:

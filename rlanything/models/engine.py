@@ -25,7 +25,7 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     text: str
-    finish_reason: str  # "stop" (hit EOS) | "length" (hit max_new_tokens)
+    finish_reason: str  # "stop" (hit EOS) | "length" (hit max_new_tokens) | an engine's own reason ("abort")
 
 
 @dataclass
@@ -170,9 +170,7 @@ class TransformersEngine:
         self.keep_bytes = keep_bytes  # KV a PrefixCache may hold (config: kv_reuse_gb)
         self.weights = weights  # the folder the model was loaded from (recorded with every sample)
         self.on_batch = on_batch or (lambda n: None)
-        eos = model.generation_config.eos_token_id
-        eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        self.eos_ids = sorted(eos | {tokenizer.eos_token_id})
+        self.eos_ids = eos_ids(model.generation_config.eos_token_id, tokenizer)
         self.pad_id = tokenizer.pad_token_id
 
     def _batches(self, prompts: list[list[int]]) -> list[list[int]]:
@@ -214,7 +212,7 @@ class TransformersEngine:
             new = sequences[:, ids.shape[1] :]  # (B, S)
             logprobs = recorder.finish(new)  # (B, S), from the logits that sampled each token
             for row, i in enumerate(idx):
-                results[i] = self._finish(new[row].tolist(), logprobs[row].tolist())
+                results[i] = finish(new[row].tolist(), logprobs[row].tolist(), self.eos_ids, self.tokenizer)
             if prefix_cache is not None:
                 budget = self.keep_bytes - sum(k.nbytes + v.nbytes for _, k, v in kept)
                 kept += self._keep(cache, sequences, attn, [prompts[i] + results[i].token_ids for i in idx], budget)
@@ -298,13 +296,6 @@ class TransformersEngine:
         cache.reorder_cache(torch.tensor(source, device=ids.device))  # index_select: row r gets its prompt's cache
         return cache
 
-    def _finish(self, tokens: list[int], logprobs: list[float]) -> Generation:
-        end = next((k for k, t in enumerate(tokens) if t in self.eos_ids), None)
-        reason = "length" if end is None else "stop"
-        keep = len(tokens) if end is None else end + 1
-        text = self.tokenizer.decode(tokens[:keep], skip_special_tokens=True)
-        return Generation(tokens[:keep], logprobs[:keep], text, reason)
-
     @torch.no_grad()
     def score(self, prompts, continuations, *, temperature, prefix_cache=None):
         out: list[list[float] | None] = [None] * len(prompts)
@@ -323,14 +314,31 @@ class TransformersEngine:
         return out
 
 
+def eos_ids(generation_eos: int | list[int] | None, tokenizer) -> list[int]:
+    """The ids that end a generation: a generation config's `eos_token_id` (one id, a list or
+    None) plus the tokenizer's, sorted."""
+    eos = generation_eos if isinstance(generation_eos, list) else [] if generation_eos is None else [generation_eos]
+    return sorted(set(eos) | {tokenizer.eos_token_id})
+
+
 def eos_ids_of(model_dir, tokenizer) -> list[int]:
-    """EOS ids of a model folder: its generation config's plus the tokenizer's."""
+    """`eos_ids` of a model folder (its generation_config.json, if any), without loading the model."""
     try:
-        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+        eos = GenerationConfig.from_pretrained(model_dir, local_files_only=True).eos_token_id
     except OSError:  # no generation_config.json
         eos = None
-    eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    return sorted(eos | {tokenizer.eos_token_id})
+    return eos_ids(eos, tokenizer)
+
+
+def finish(tokens: list[int], logprobs: list[float], eos: list[int], tokenizer, reason: str | None = None) -> Generation:
+    """A `Generation` from sampled tokens, cut after the first EOS id (kept, it ends the turn).
+
+    finish_reason is "stop" when an EOS id ended it; otherwise the engine's own `reason` if it
+    gave one (vLLM's "stop", "length" or "abort"), else "length" (max_new_tokens reached)."""
+    end = next((k for k, t in enumerate(tokens) if t in eos), None)
+    keep = len(tokens) if end is None else end + 1
+    text = tokenizer.decode(tokens[:keep], skip_special_tokens=True)
+    return Generation(tokens[:keep], logprobs[:keep], text, "stop" if end is not None else reason or "length")
 
 
 def make_engine(section, role: str, model_dir, on_batch: Callable[[int], None] | None = None, log_path=None):

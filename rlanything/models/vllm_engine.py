@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 from rlanything import procs
-from rlanything.models.engine import Generation
+from rlanything.models.engine import Generation, finish
 
 SERVED_NAME = "rlanything"
 
@@ -84,7 +84,7 @@ class VllmServer:
 
     def _launch(self) -> str:
         port = self.config.port or _free_port(self.config.host)
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **self.config.env}
+        env = {"HF_HUB_OFFLINE": "1", **os.environ, "VLLM_SERVER_DEV_MODE": "1", **self.config.env}  # never a hub
         for key in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):  # never leak our venv into vLLM's
             env.pop(key, None)
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
@@ -168,9 +168,6 @@ class VllmEngine:
         """The checkpoint folder whose weights produced (and will produce) the samples."""
         return str(self.server.model_dir)
 
-    def load(self, model_dir: Path) -> None:
-        self.server.load(model_dir)
-
     def _post(self, body: dict) -> dict:
         response = self.server.http.post("/v1/completions", json={"model": SERVED_NAME, **body})
         if response.status_code != 200:
@@ -196,16 +193,9 @@ class VllmEngine:
             tokens = list(choice["token_ids"])
             logprobs = [float(lp) for lp in choice["logprobs"]["token_logprobs"]]
             self.on_batch(1)
-            return self._finish(tokens, logprobs, choice["finish_reason"])
+            return finish(tokens, logprobs, self.eos_ids, self.tokenizer, choice["finish_reason"])
 
         return self._map(one, list(enumerate(prompts)))
-
-    def _finish(self, tokens: list[int], logprobs: list[float], reason: str) -> Generation:
-        end = next((k for k, t in enumerate(tokens) if t in self.eos_ids), None)
-        keep = len(tokens) if end is None else end + 1
-        reason = "stop" if end is not None else "length"
-        text = self.tokenizer.decode(tokens[:keep], skip_special_tokens=True)
-        return Generation(tokens[:keep], logprobs[:keep], text, reason)
 
     def score(self, prompts, continuations, *, temperature, prefix_cache=None):
         if temperature != 1.0:

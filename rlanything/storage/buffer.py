@@ -1,7 +1,9 @@
 """The task buffer: one slot per original problem, every version kept with its lineage.
 
 Snapshot `tasks/vNNNN.parquet` is the buffer as iteration NNNN starts; `adapt_tasks` of
-iteration N writes v(N+1). Statuses: active (the slot's current version), pending (a rewrite
+iteration N writes v(N+1). This module only reads, writes and edits the frame; which rewrite
+is accepted is decided in `algo/curriculum.py`, the adaptation itself in
+`models/task_adaptation.py`. Statuses: active (the slot's current version), pending (a rewrite
 awaiting evaluation), rejected, retired (an accepted rewrite's parent).
 """
 
@@ -54,31 +56,22 @@ def sample_batch(buffer: pd.DataFrame, n: int, seed: int) -> list[dict]:
     ]
 
 
-def judge_pending(
-    buffer: pd.DataFrame, accuracy: dict[str, float], iteration: int, low: float, high: float
-) -> tuple[pd.DataFrame, list[dict]]:
-    """Accept or reject every pending version by the acceptance rule (design.md §1).
-
-    -> (new buffer, one dict per judged version: task_id, accuracy, parent_accuracy, decision,
-    reason). Accepted: the version becomes its slot's active one and the parent is retired."""
-    from rlanything.algo.curriculum import accept_rewrite  # algo is pure; imported where used
-
+def settle_pending(
+    buffer: pd.DataFrame, task_id: str, accepted: bool, reason: str, accuracy: float | None, iteration: int
+) -> pd.DataFrame:
+    """Record the decision on pending version `task_id` (the rule lives in algo/curriculum.py)
+    -> a new buffer. Accepted: the version becomes its slot's active one and its parent is
+    retired; rejected: it stays in the buffer as `rejected`. `reason` goes to `decision`."""
     buffer = buffer.copy()
-    judged = []
-    for idx in buffer.index[buffer.status == "pending"]:
-        row = buffer.loc[idx]
-        acc = accuracy.get(row.task_id)
-        if acc is None:
-            ok, reason = False, "not_measured"  # every rollout of it failed in the environment
-        else:
-            ok, reason = accept_rewrite(row.direction, float(row.parent_accuracy), acc, low, high)
-        buffer.loc[idx, ["status", "decision", "decided_iter"]] = ["active" if ok else "rejected", reason, iteration]
-        buffer.loc[idx, "accuracy"] = acc
-        if ok:
-            buffer.loc[buffer.task_id == row.parent_id, "status"] = "retired"
-        judged.append({"task_id": row.task_id, "accuracy": acc, "parent_accuracy": float(row.parent_accuracy),
-                       "decision": "accepted" if ok else "rejected", "reason": reason})  # fmt: skip
-    return buffer, judged
+    rows = buffer.index[(buffer.task_id == task_id) & (buffer.status == "pending")]
+    if len(rows) != 1:
+        raise ValueError(f"{task_id!r} is not a pending version in the task buffer")
+    idx = rows[0]
+    buffer.loc[idx, ["status", "decision", "decided_iter"]] = ["active" if accepted else "rejected", reason, iteration]
+    buffer.loc[idx, "accuracy"] = accuracy
+    if accepted:
+        buffer.loc[buffer.task_id == buffer.loc[idx, "parent_id"], "status"] = "retired"
+    return buffer
 
 
 def add_pending(

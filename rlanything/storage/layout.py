@@ -1,11 +1,38 @@
-"""Where every file of a run lives (design.md §2)."""
+"""Where every file of a run lives, and THE declaration of the pipeline: its seven steps, in
+order, with the files each one writes.
+
+`PIPELINE` is the single source: `RunLayout.step_outputs`, the iteration flow (a test checks
+its calls follow this order), the step-deployment flow, the config's `run.step_deployments`
+keys and the fault-injection hook all read it. This module imports nothing of ours, so the
+config may import it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-STEPS = ("rollout", "verify", "rm_score", "advantages", "policy_update", "rm_update", "adapt_tasks")
+
+@dataclass(frozen=True)
+class Step:
+    """One step of an iteration and the files whose existence means it finished."""
+
+    name: str
+    artifacts: tuple[str, ...]  # iter_NNNN/<artifact>.parquet (their schemas: storage/schemas.py ARTIFACTS)
+    checkpoint: str | None = None  # "policy" | "rm": also writes checkpoints/<kind>/iter_NNNN/
+    next_tasks: bool = False  # also writes the next iteration's task buffer tasks/v(N+1).parquet
+
+
+PIPELINE = (
+    Step("rollout", ("rollouts", "episodes")),  # 1. the policy plays each task G times
+    Step("verify", ("outcomes",)),  # 2. the environment's outcome ±1 per trajectory
+    Step("rm_score", ("judgments",)),  # 3. the generative RM judges every step m times
+    Step("advantages", ("advantages",)),  # 4. rewards, advantages, which samples train
+    Step("policy_update", ("policy_update",), checkpoint="policy"),  # 5. PPO-clip on the policy
+    Step("rm_update", ("rm_update",), checkpoint="rm"),  # 6. the same loss on the RM's judgments
+    Step("adapt_tasks", ("adaptation",), next_tasks=True),  # 7. tasks outside the band are adapted
+)
+STEPS = tuple(step.name for step in PIPELINE)  # the names, in order
 
 
 @dataclass(frozen=True)
@@ -19,10 +46,6 @@ class RunLayout:
     @property
     def prefect_results(self) -> Path:
         return self.run_dir / ".prefect" / "results"
-
-    @property
-    def locks(self) -> Path:
-        return self.run_dir / ".prefect" / "locks"
 
     def iter_dir(self, iteration: int) -> Path:
         return self.run_dir / f"iter_{iteration:04d}"
@@ -50,15 +73,22 @@ class RunLayout:
     def iteration_done(self, iteration: int) -> Path:
         return self.iter_dir(iteration) / "DONE"
 
+    @property
+    def mlflow_run_id_file(self) -> Path:
+        return self.run_dir / "mlflow_run_id"
+
+    def mlflow_run_id(self) -> str:
+        """The id of the MLflow run this run logs to (written when the run was prepared)."""
+        return self.mlflow_run_id_file.read_text().strip()
+
     def step_outputs(self, iteration: int, step: str) -> list[Path]:
-        """The files whose existence means `step` of `iteration` finished."""
-        art = lambda name: self.artifact(iteration, name)  # noqa: E731
-        return {
-            "rollout": [art("rollouts"), art("episodes")],
-            "verify": [art("outcomes")],
-            "rm_score": [art("judgments")],
-            "advantages": [art("advantages")],
-            "policy_update": [art("policy_update"), self.checkpoint("policy", iteration) / "config.json"],
-            "rm_update": [art("rm_update"), self.checkpoint("rm", iteration) / "config.json"],
-            "adapt_tasks": [art("adaptation"), self.tasks_snapshot(iteration + 1)],
-        }[step]
+        """The files whose existence means `step` of `iteration` finished (from `PIPELINE`)."""
+        decl = next((s for s in PIPELINE if s.name == step), None)
+        if decl is None:
+            raise ValueError(f"unknown step {step!r}; steps are {', '.join(STEPS)}")
+        paths = [self.artifact(iteration, name) for name in decl.artifacts]
+        if decl.checkpoint:
+            paths.append(self.checkpoint(decl.checkpoint, iteration) / "config.json")
+        if decl.next_tasks:
+            paths.append(self.tasks_snapshot(iteration + 1))
+        return paths

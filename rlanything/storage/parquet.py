@@ -1,6 +1,8 @@
-"""Atomic Parquet I/O: write to a temp file in the same folder, then `os.replace`.
+"""Atomic file writes: write to a temp file in the same folder, then `os.replace`.
 
 A reader therefore sees either no file or a complete one; a step is done iff its file exists.
+Every file a run writes goes through here: Parquet tables, screenshots, summary.json, DONE,
+the reports (PNG and markdown) and mlflow_run_id.
 """
 
 from __future__ import annotations
@@ -26,15 +28,20 @@ def write_table(rows: pd.DataFrame | list[dict], schema: pa.Schema, path: Path) 
     if missing or extra:
         raise ValueError(f"{path.name}: columns differ from schema (missing {sorted(missing)}, extra {sorted(extra)})")
     table = pa.Table.from_pandas(frame[schema.names], schema=schema, preserve_index=False)
-    return _atomic(path, lambda tmp: pq.write_table(table, tmp))
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def write_bytes(data: bytes, path: Path) -> Path:
     """Write a small binary file (a screenshot) atomically, like `write_table`."""
-    return _atomic(path, lambda tmp: tmp.write_bytes(data))
+    return atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
 
-def _atomic(path: Path, write: Callable[[Path], object]) -> Path:
+def write_text(text: str, path: Path) -> Path:
+    """Write a small text file (summary.json, DONE, markdown) atomically, UTF-8."""
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def atomic_write(path: Path, write: Callable[[Path], object]) -> Path:
     """`write(tmp)` to a temp file beside `path`, then rename it over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")

@@ -174,3 +174,16 @@ EVAL_EPISODES = pa.schema(
         pa.field("iteration", pa.int32()),  # the run's iteration whose checkpoint played; -1: its base; null: a bare model
     ]
 )
+
+# Artifact name (iter_NNNN/<name>.parquet, as `storage/layout.py` PIPELINE lists them) -> its schema:
+# the one place the pairing is written; read and write artifacts through `storage/artifacts.py`.
+ARTIFACTS = {
+    "rollouts": ROLLOUTS,
+    "episodes": EPISODES,
+    "outcomes": OUTCOMES,
+    "judgments": JUDGMENTS,
+    "advantages": ADVANTAGES,
+    "policy_update": UPDATE,
+    "rm_update": UPDATE,
+    "adaptation": ADAPTATION,
+}

@@ -42,10 +42,6 @@ def weights_label(layout: RunLayout, weights: str) -> str:
     return path.relative_to(run).as_posix() if path.is_relative_to(run) else str(path)
 
 
-def mlflow_run_id(layout: RunLayout) -> str:
-    return (layout.run_dir / "mlflow_run_id").read_text().strip()
-
-
 # ---------------------------------------------------------------- fault injection (testing hook)
 
 
@@ -114,7 +110,7 @@ def step_task(name: str) -> Callable:
             paths, metrics = fn(run_dir, iteration)
             inject_fault(name, iteration, "end")
             config, layout = open_run(run_dir)
-            tracking.log_artifacts(config.mlflow_uri, mlflow_run_id(layout), paths, f"iter_{iteration:04d}")
+            tracking.log_artifacts(config.mlflow_uri, layout.mlflow_run_id(), paths, f"iter_{iteration:04d}")
             metrics[f"time/{name}_s"] = time.perf_counter() - start
             return {"paths": [str(p) for p in paths], "metrics": metrics}
 

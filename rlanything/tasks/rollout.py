@@ -1,22 +1,23 @@
-"""Steps 1–2: rollout (the policy plays each task G times) and verify (the outcome ±1)."""
+"""Steps 1–2: rollout (the policy plays each task G times, `agent.rollout.play`) and verify
+(the outcome ±1, `envs.verification.verify_episode`)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 
 import pandas as pd
 
+from rlanything.agent.rollout import play
+from rlanything.algo.curriculum import success_rate
 from rlanything.envs import make_env, sandbox
-from rlanything.envs.base import env_class, replayable
+from rlanything.envs.verification import verify_episode
 from rlanything.models.engine import PrefixCache, make_engine
-from rlanything.models.rollout import play
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
 from rlanything.storage.buffer import read_buffer, sample_batch
-from rlanything.storage.parquet import read_table, write_bytes, write_table
-from rlanything.storage.schemas import EPISODES, OUTCOMES, ROLLOUTS
+from rlanything.storage.artifacts import read_artifact, write_artifact
+from rlanything.storage.parquet import write_bytes
 from rlanything.tasks.common import model_path, open_run, step_task, weights_label
 
 
@@ -49,8 +50,8 @@ def rollout(run_dir: str, iteration: int):
         weights = weights_label(layout, engine.weights)  # which weights produced each sample
         rows = [{**row, "weights": weights} for row in rows]
     paths = [
-        write_table(rows, ROLLOUTS, layout.artifact(iteration, "rollouts")),
-        write_table(episodes, EPISODES, layout.artifact(iteration, "episodes")),
+        write_artifact(rows, layout, iteration, "rollouts"),
+        write_artifact(episodes, layout, iteration, "episodes"),
     ]
     if shots_dir.exists():
         paths.append(shots_dir)  # logged to MLflow as iter_NNNN/screenshots/
@@ -74,46 +75,10 @@ def rollout(run_dir: str, iteration: int):
     return paths, metrics
 
 
-def replay_outcome(env_config, spec: dict, actions: list[str | None]) -> int:
-    """Replay a trajectory's actions in a fresh environment and ask its verifier."""
-    env = make_env(env_config)
-    try:
-        env.reset(spec)
-        for action in actions:
-            env.step(action)
-        return env.outcome()
-    finally:
-        env.close()
-
-
-def verify_episode(env_config, episode: dict, spec: str, actions: list[str | None]) -> dict:
-    """One outcomes.parquet row from an episodes.parquet row: a finished episode is replayed in
-    a fresh environment and its verifier asked, or, for environments that cannot be replayed
-    (`replayable = False`, a desktop VM), the verdict taken at the end of the live episode is
-    kept; hitting the step cap is a failure without asking; an environment error is invalid."""
-    outcome, valid, error = -1, episode["termination"] != "env_error", episode["error"]
-    verified_by = "step_cap" if episode["termination"] == "max_steps" else episode["termination"]
-    if episode["termination"] == "done" and not replayable(env_class(env_config.kind)):
-        verified_by = "live"
-        if episode["live_outcome"] is None or pd.isna(episode["live_outcome"]):
-            valid, error = False, "verifier: no live outcome recorded for a non-replayable environment"
-        else:
-            outcome = int(episode["live_outcome"])
-    elif episode["termination"] == "done":
-        verified_by = "replay"
-        try:
-            outcome = replay_outcome(env_config, json.loads(spec), actions)
-        except Exception as err:  # a crashing verifier is recorded, never a silent -1
-            valid, error = False, f"verifier: {type(err).__name__}: {err}"
-    ids = {k: v for k, v in episode.items() if k in OUTCOMES.names}
-    return {**ids, "outcome": outcome, "valid": valid, "error": error, "verified_by": verified_by}
-
-
 @step_task("verify")
 def verify(run_dir: str, iteration: int):
     config, layout = open_run(run_dir)
-    steps = read_table(layout.artifact(iteration, "rollouts"), ROLLOUTS)
-    episodes = read_table(layout.artifact(iteration, "episodes"), EPISODES)
+    steps, episodes = read_artifact(layout, iteration, "rollouts"), read_artifact(layout, iteration, "episodes")
     specs = read_buffer(layout.tasks_snapshot(iteration)).set_index("task_id").spec
     # a missing action reads back as NaN (pandas' string dtype); environments are promised None
     actions = steps.sort_values("step_idx").groupby("traj_id").action.apply(
@@ -122,11 +87,11 @@ def verify(run_dir: str, iteration: int):
     weak_before = sandbox.RUNS["weak"]  # programs the coding env ran without bubblewrap
     rows = [verify_episode(config.env, ep._asdict(), specs[ep.task_id], actions.get(ep.traj_id, []))
             for ep in episodes.itertuples(index=False)]  # fmt: skip
-    path = write_table(rows, OUTCOMES, layout.artifact(iteration, "outcomes"))
+    path = write_artifact(rows, layout, iteration, "outcomes")
     frame = pd.DataFrame(rows)
     scored = frame[frame.valid & ~frame.pending]
     metrics = {
-        "accuracy": float((scored.outcome == 1).mean()) if len(scored) else 0.0,
+        "accuracy": success_rate(scored.outcome.to_numpy()),
         "mean_outcome": float(scored.outcome.mean()) if len(scored) else 0.0,
         "verify/invalid_trajectories": int((~frame.valid).sum()),
     }

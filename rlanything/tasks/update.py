@@ -14,9 +14,9 @@ from rlanything.models.distributed import UpdateJob, launch_update, run_update
 from rlanything.models.trainer import Sample
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
+from rlanything.storage.artifacts import read_artifact, write_artifact
 from rlanything.storage.checkpoints import folder_bytes
-from rlanything.storage.parquet import read_table, write_table
-from rlanything.storage.schemas import ADVANTAGES, JUDGMENTS, ROLLOUTS, UPDATE
+from rlanything.storage.schemas import UPDATE
 from rlanything.tasks.common import model_path, open_run, step_task
 
 
@@ -45,7 +45,7 @@ def _update(run_dir: str, iteration: int, kind: str, samples: list[Sample], sect
     else:
         with progress(f"iter {iteration}: {kind}_update", len(samples)) as advance:
             history = run_update(job, samples, config.train.backend, on_micro_batch=advance)
-    path = write_table(history, UPDATE, layout.artifact(iteration, f"{kind}_update"))  # last: marks the step done
+    path = write_artifact(history, layout, iteration, f"{kind}_update")  # last: marks the step done
     frame = pd.DataFrame(history, columns=UPDATE.names)
     metrics = {f"{kind}/samples": len(samples), f"{kind}/optimizer_steps": len(history)}
     metrics[f"checkpoint/{kind}_bytes_written"] = folder_bytes(layout.checkpoint(kind, iteration))
@@ -60,8 +60,7 @@ def _update(run_dir: str, iteration: int, kind: str, samples: list[Sample], sect
 @step_task("policy_update")
 def policy_update(run_dir: str, iteration: int):
     config, layout = open_run(run_dir)
-    adv = read_table(layout.artifact(iteration, "advantages"), ADVANTAGES)
-    steps = read_table(layout.artifact(iteration, "rollouts"), ROLLOUTS)
+    adv, steps = read_artifact(layout, iteration, "advantages"), read_artifact(layout, iteration, "rollouts")
     kept = adv[(adv.kind == "policy") & adv.kept][["traj_id", "step_idx", "advantage"]]
     rows = kept.merge(steps, on=["traj_id", "step_idx"], how="inner", validate="one_to_one")
     p = config.policy
@@ -71,8 +70,7 @@ def policy_update(run_dir: str, iteration: int):
 @step_task("rm_update")
 def rm_update(run_dir: str, iteration: int):
     config, layout = open_run(run_dir)
-    adv = read_table(layout.artifact(iteration, "advantages"), ADVANTAGES)
-    judgments = read_table(layout.artifact(iteration, "judgments"), JUDGMENTS)
+    adv, judgments = read_artifact(layout, iteration, "advantages"), read_artifact(layout, iteration, "judgments")
     kept = adv[(adv.kind == "rm") & adv.kept][["traj_id", "step_idx", "judge_idx", "advantage"]]
     rows = kept.merge(judgments, on=["traj_id", "step_idx", "judge_idx"], how="inner", validate="one_to_one")
     r = config.rm

@@ -6,7 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlanything.algo.advantages import (
+    ZERO_RTOL,
     group_zscore,
+    is_negligible,
     rm_advantages,
     step_index_advantages,
     step_index_advantages_loop,
@@ -197,6 +199,68 @@ def test_step_index_vectorised_matches_loop_property(rows):
     fast = step_index_advantages(reward, task, step)
     slow = step_index_advantages_loop(reward, task, step)
     np.testing.assert_allclose(fast, slow, rtol=1e-7, atol=1e-7)
+    np.testing.assert_array_equal(fast == 0.0, slow == 0.0)  # the same zero rule in both
+
+
+# ---------------------------------------------------------------- zero tests robust to float noise
+
+# [-1.2, -0.4, 1.8, -1.8] has mean -0.4 exactly, but -0.4 - mean is +5.6e-17, -5.6e-17 or 0
+# depending on the order the values are summed in; every order must give -0.4 advantage exactly 0.
+NOISY_ORDERS = [[-1.2, -0.4, 1.8, -1.8], [-1.2, -1.8, -0.4, 1.8], [-1.2, -0.4, -1.8, 1.8], [1.8, -1.8, -0.4, -1.2]]
+
+
+@pytest.mark.parametrize("values", NOISY_ORDERS)
+def test_value_at_its_group_mean_has_advantage_exactly_zero(values):
+    values = np.array(values)
+    at_mean = values == -0.4
+    assert values[at_mean][0] - values.mean() in (0.0, 5.551115123125783e-17, -5.551115123125783e-17)
+    ids = np.zeros(4, dtype=np.int64)
+    for adv in (step_index_advantages(values, ids, ids), step_index_advantages_loop(values, ids, ids),
+                group_zscore(values, ids)[0]):  # fmt: skip
+        assert adv[at_mean].tolist() == [0.0]  # exactly, in the vectorised code and the loop
+        assert np.all(adv[~at_mean] != 0.0)
+    adv, valid = rm_advantages(values[None, :])
+    assert valid[0] and adv[0][at_mean].tolist() == [0.0] and np.all(adv[0][~at_mean] != 0.0)
+
+
+def test_the_noisy_case_was_really_noisy_before_the_tolerance():
+    # the sum order (-1.2, -1.8, -0.4, 1.8) leaves -5.6e-17 where the mean should be: a plain
+    # `!= 0` test would have kept this sample (and counted it in the loss)
+    values = np.array([-1.2, -1.8, -0.4, 1.8])
+    assert values[2] - np.bincount(np.zeros(4, dtype=np.int64), weights=values)[0] / 4 != 0.0
+
+
+def test_thirds_at_their_mean_in_many_groups_are_zero_in_both_implementations():
+    # rewards O + mean of 3 scores are multiples of 1/3: exact means of 1/3-steps leave float
+    # noise; decide with exact fractions which samples are mathematically at their mean
+    from fractions import Fraction
+
+    rng = np.random.default_rng(7)
+    thirds = rng.integers(-6, 7, size=(400, 3))  # 400 groups of 3
+    thirds[:, 2] = -(thirds[:, 0] + thirds[:, 1]) + 3 * rng.integers(-1, 2, size=400)  # many means hit a member
+    values = (thirds / 3.0).ravel()
+    ids = np.repeat(np.arange(400), 3)
+    exact_zero = np.array([Fraction(int(t), 3) == sum(Fraction(int(x), 3) for x in row) / 3
+                           for row in thirds for t in row])  # fmt: skip
+    assert exact_zero.sum() > 50
+    fast = step_index_advantages(values, ids, ids)
+    slow = step_index_advantages_loop(values, ids, ids)
+    np.testing.assert_array_equal(fast == 0.0, exact_zero)
+    np.testing.assert_array_equal(slow == 0.0, exact_zero)
+
+
+def test_is_negligible_scales_with_the_group():
+    assert is_negligible(1e-10, 0.0) and not is_negligible(1e-8, 0.0)
+    assert is_negligible(5e-7, 1e3) and not is_negligible(5e-6, 1e3)  # 1e-9 * (1000 + 1) ~ 1e-6
+    assert ZERO_RTOL == 1e-9
+
+
+def test_group_whose_spread_is_float_noise_has_std_zero():
+    values = np.array([0.1 + 0.2, 0.3, 0.30000000000000004])  # equal up to rounding
+    assert values.max() != values.min()
+    np.testing.assert_array_equal(step_index_advantages(values, np.zeros(3), np.zeros(3)), [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(step_index_advantages_loop(values, np.zeros(3), np.zeros(3)), [0.0, 0.0, 0.0])
+    assert not rm_advantages(values[None, :])[1][0]
 
 
 # ---------------------------------------------------------------- rm_advantages

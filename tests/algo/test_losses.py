@@ -121,17 +121,23 @@ def test_ppo_hand_example_gradients():
     torch.testing.assert_close(logprobs.grad, expected)
 
 
-def test_ppo_kl_uses_ref_logprobs_when_given():
-    lp = torch.log(torch.tensor([[0.5]]))
-    ref = torch.log(torch.tensor([[0.25]]))
-    _, stats = ppo_clip_loss(lp, lp, torch.tensor([0.0]), torch.ones(1, 1), ref_logprobs=ref)
-    # ref - logp = ln 0.5 -> k3 = 0.5 - ln 0.5 - 1 = 0.1931472
-    assert stats["kl"] == pytest.approx(0.5 - math.log(0.5) - 1, abs=1e-6)
+def test_ppo_extreme_log_ratio_gives_a_finite_loss_and_gradient():
+    # log pi - log pi_old = +1000 and -1000: unclamped, exp would give inf (and inf * 0 = NaN grads)
+    logprobs = torch.tensor([[-0.5, -1001.0]], requires_grad=True)
+    old = torch.tensor([[-1000.5, -1.0]])
+    loss, stats = ppo_clip_loss(logprobs, old, torch.tensor([-1.0]), torch.ones(1, 2), kl_beta=0.01)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logprobs.grad).all()
+    # token 1: ratio e^20 (clamped), A = -1 -> pg = max(e^20, 1.2) = e^20; token 2: ratio e^-20, pg = 0.8;
+    # k3 with ref - logp = -20 then +20 (clamped): e^-20 + 19 and e^20 - 21
+    pg = (math.exp(20) + 0.8) / 2
+    kl = (math.exp(-20) + 19 + math.exp(20) - 21) / 2
+    assert stats["pg_loss"] == pytest.approx(pg, rel=1e-5) and stats["kl"] == pytest.approx(kl, rel=1e-5)
 
 
 def test_ppo_kl_of_identical_logprobs_is_zero():
     lp = torch.log(torch.tensor([[0.2, 0.7, 0.1]]))
-    _, stats = ppo_clip_loss(lp, lp, torch.tensor([1.0]), torch.ones(1, 3), ref_logprobs=lp.clone())
+    _, stats = ppo_clip_loss(lp, lp.clone(), torch.tensor([1.0]), torch.ones(1, 3))
     assert stats["kl"] == 0.0
     assert stats["clip_frac"] == 0.0 and stats["ratio_mean"] == 1.0
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from rlanything.agent.rollout import play
 from rlanything.config import build_config
 from rlanything.envs import env_class, initial_specs, make_env
 from rlanything.envs.browser_pool import BrowserFailure, process_pool
 from rlanything.envs.miniwob import FAMILIES, MiniWoBEnv, page_elements, parse_action
+from rlanything.envs.verification import replay_outcome
 from rlanything.models.engine import Generation
-from rlanything.models.rollout import play
-from rlanything.tasks.rollout import replay_outcome
 
 ALL_TASKS = [task for ladder in FAMILIES.values() for task in ladder]
 

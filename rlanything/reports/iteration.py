@@ -27,9 +27,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from rlanything.algo.curriculum import task_accuracy
+from rlanything.storage.artifacts import artifact_schema, read_artifact
 from rlanything.storage.layout import STEPS, RunLayout
-from rlanything.storage.parquet import read_table
-from rlanything.storage.schemas import ADAPTATION, ADVANTAGES, EPISODES, JUDGMENTS, OUTCOMES, ROLLOUTS
+from rlanything.storage.parquet import atomic_write, write_text
 
 # panel title -> metrics drawn in it, over iterations
 CURVES = {
@@ -84,19 +85,18 @@ def plot_curves(history: pd.DataFrame, out: Path) -> Path:
         ax.set_xlim(history.index.min() - 0.5, history.index.max() + 0.5)
         ax.set_xticks(history.index)
     fig.suptitle(f"run {out.parent.parent.name}: metrics over iterations")
-    fig.savefig(out, dpi=80)
+    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=80, format="png"))
     return out
 
 
 def plot_iteration(layout: RunLayout, iteration: int, out: Path) -> Path:
     """iteration.png: accuracy per task, policy advantages, RM verdicts by outcome, lengths."""
-    art = lambda name, schema: read_table(layout.artifact(iteration, name), schema)  # noqa: E731
-    outcomes, steps, judgments, adv = art("outcomes", OUTCOMES), art("rollouts", ROLLOUTS), art("judgments", JUDGMENTS), art("advantages", ADVANTAGES)  # fmt: skip
+    outcomes, steps, judgments, adv = (read_artifact(layout, iteration, n) for n in ("outcomes", "rollouts", "judgments", "advantages"))
     fig = Figure(figsize=(18, 4), layout="constrained")
     axes = fig.subplots(1, 4)
 
     valid = outcomes[outcomes.valid]
-    acc = valid.groupby("task_id").outcome.apply(lambda o: float((o == 1).mean()))
+    acc = pd.Series(task_accuracy(valid.outcome.to_numpy(), valid.task_id.to_numpy())).sort_index()
     pending = valid.groupby("task_id").pending.first()
     bars = axes[0].bar(acc.index, acc.to_numpy(), color=["tab:orange" if pending[t] else "tab:blue" for t in acc.index])
     axes[0].bar_label(bars, fmt="%.2f", fontsize=7)
@@ -127,7 +127,7 @@ def plot_iteration(layout: RunLayout, iteration: int, out: Path) -> Path:
     axes[3].set_title("response lengths (tokens)")
     axes[3].legend(fontsize=8)
     fig.suptitle(f"iteration {iteration}")
-    fig.savefig(out, dpi=80)
+    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=80, format="png"))
     return out
 
 
@@ -135,11 +135,10 @@ def adaptation_history(layout: RunLayout, upto: int) -> pd.DataFrame:
     """adaptation.parquet of iterations 0..upto stacked, with an `iteration` column."""
     frames = []
     for iteration in range(upto + 1):
-        path = layout.artifact(iteration, "adaptation")
-        if path.exists():
-            frames.append(read_table(path, ADAPTATION).assign(iteration=iteration))
+        if layout.artifact(iteration, "adaptation").exists():
+            frames.append(read_artifact(layout, iteration, "adaptation").assign(iteration=iteration))
     if not frames:
-        return pd.DataFrame(columns=[f.name for f in ADAPTATION] + ["iteration"])
+        return pd.DataFrame(columns=artifact_schema("adaptation").names + ["iteration"])
     return pd.concat(frames, ignore_index=True)
 
 
@@ -201,7 +200,7 @@ def plot_tasks(history: pd.DataFrame, band: tuple[float, float], out: Path) -> P
         ax.grid(alpha=0.3)
         ax.set_xticks(counts.index)
     fig.suptitle(f"run {out.parent.parent.name}: task adaptation")
-    fig.savefig(out, dpi=80)
+    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=80, format="png"))
     return out
 
 
@@ -229,7 +228,7 @@ def summary_markdown(layout: RunLayout, iteration: int, history: pd.DataFrame, s
         if key in now and pd.notna(now[key]):
             prev = _fmt(before[key]) if before is not None and key in before and pd.notna(before[key]) else ""
             lines.append(f"| {key} | {_fmt(now[key])} | {prev} |")
-    adaptation = read_table(layout.artifact(iteration, "adaptation"), ADAPTATION)
+    adaptation = read_artifact(layout, iteration, "adaptation")
     lines += ["", "## Task adaptation", ""]
     if len(adaptation):
         lines += ["| task | role | accuracy | direction | decision | reason |", "|---|---|---|---|---|---|"]
@@ -276,8 +275,7 @@ def pick_trajectories(outcomes: pd.DataFrame, count: int) -> list[int]:
 
 def render_trajectories(layout: RunLayout, iteration: int, count: int = 3) -> str:
     """samples.md: a few trajectories step by step, with the RM's judgments of each step."""
-    art = lambda name, schema: read_table(layout.artifact(iteration, name), schema)  # noqa: E731
-    outcomes, episodes, steps, judgments = art("outcomes", OUTCOMES), art("episodes", EPISODES), art("rollouts", ROLLOUTS), art("judgments", JUDGMENTS)  # fmt: skip
+    outcomes, episodes, steps, judgments = (read_artifact(layout, iteration, n) for n in ("outcomes", "episodes", "rollouts", "judgments"))
     first, first_screen = episodes.set_index("traj_id").first_observation, episodes.set_index("traj_id").first_screenshot
     lines = [f"# Run `{layout.run_dir.name}`, iteration {iteration}: sample trajectories", ""]
     for traj_id in pick_trajectories(outcomes, count):
@@ -312,7 +310,7 @@ def write_reports(layout: RunLayout, iteration: int, states: dict[str, str], ban
     folder = layout.iter_dir(iteration)
     history = metric_history(layout, iteration)
     summary, samples = folder / "summary.md", folder / "samples.md"
-    summary.write_text(summary_markdown(layout, iteration, history, states))
-    samples.write_text(render_trajectories(layout, iteration))
+    write_text(summary_markdown(layout, iteration, history, states), summary)
+    write_text(render_trajectories(layout, iteration), samples)
     tasks = plot_tasks(adaptation_history(layout, iteration), band, folder / "tasks.png")
     return [plot_curves(history, folder / "curves.png"), tasks, plot_iteration(layout, iteration, folder / "iteration.png"), summary, samples]

@@ -1,0 +1,142 @@
+"""Which samples train: rewards, advantages and the band and zero-advantage rules of step 4.
+
+Paper (the method's step 4):
+    policy sample = one step (tau, i): reward R = O + lam * mean_j S_ij, advantage = z-score
+                    within (task, step index); it trains if its task's accuracy is in the
+                    policy band and its advantage is not 0;
+    RM sample     = one judgment (tau, i, j): reward R * S_ij (-2 unparsed), advantage =
+                    z-score over the m judgments of (tau, i); the m train if the task's
+                    accuracy is in the RM band and the m rewards are not all equal.
+
+Where we depart from the paper / authors' code, and why:
+
+* Every judged step must carry exactly m judgments numbered 0..m-1; anything else (a
+  missing, duplicated or out-of-range judge_idx) raises ValueError naming the first bad
+  step, rather than letting a reshape pair the wrong judgments.
+* "Advantage 0" is decided with the tolerance of ``advantages.is_negligible`` (those
+  samples carry exactly 0.0), and an RM judgment whose advantage is 0 inside a valid set is
+  dropped too ("zero_advantage"): a sample without gradient must not count in the
+  loss's per-sample mean, for the RM as for the policy.
+* The policy band and the RM band are separate parameters (the paper uses one band).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlanything.algo.advantages import rm_advantages, step_index_advantages
+from rlanything.algo.curriculum import in_band, task_accuracy
+from rlanything.algo.rewards import integrated_reward, rm_consistency_reward
+
+
+def judgment_matrix(traj_id: np.ndarray, step_idx: np.ndarray, judge_idx: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Check that every (trajectory, step) has exactly m judgments with judge_idx 0..m-1 and
+    order them.
+
+    traj_id, step_idx, judge_idx (J,) int, in any order -> (keys (N, 2) int64 of the N judged
+    steps sorted by (traj_id, step_idx), order (N, m): the row of each step's judgment j).
+    Raises ValueError otherwise.
+
+    >>> keys, order = judgment_matrix(np.array([1, 0, 1, 0]), np.array([0, 0, 0, 0]), np.array([1, 0, 0, 1]), m=2)
+    >>> keys.tolist(), order.tolist()
+    ([[0, 0], [1, 0]], [[1, 3], [2, 0]])
+    """
+    traj_id, step_idx, judge_idx = (np.asarray(a, dtype=np.int64) for a in (traj_id, step_idx, judge_idx))
+    if not traj_id.shape == step_idx.shape == judge_idx.shape or traj_id.ndim != 1:
+        raise ValueError(f"need traj_id, step_idx, judge_idx all (J,); got {traj_id.shape}, {step_idx.shape}, {judge_idx.shape}")
+    if m < 1:
+        raise ValueError(f"need m >= 1 judgments per step; got {m}")
+    if not len(traj_id):
+        return np.zeros((0, 2), dtype=np.int64), np.zeros((0, m), dtype=np.int64)
+    order = np.lexsort((judge_idx, step_idx, traj_id))  # by traj, then step, then judge
+    keys = np.stack([traj_id[order], step_idx[order]], axis=1)  # (J, 2)
+    starts = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]).any(axis=1)])
+    counts = np.diff(np.r_[starts, len(order)])
+    bad = np.flatnonzero(counts != m)
+    if not len(bad):
+        expected = np.tile(np.arange(m), len(starts))
+        wrong = np.flatnonzero(judge_idx[order] != expected)
+        bad = np.unique(np.searchsorted(starts, wrong, side="right") - 1)
+    if len(bad):
+        k = bad[0]
+        got = judge_idx[order[starts[k] : starts[k] + counts[k]]].tolist()
+        raise ValueError(
+            f"step {int(keys[starts[k], 1])} of trajectory {int(keys[starts[k], 0])} has judgments {got}; every "
+            f"judged step needs exactly m={m} judgments numbered 0..{m - 1} ({len(bad)} step(s) differ)"
+        )
+    return keys[starts], order.reshape(-1, m)
+
+
+def select_samples(
+    judgments: dict[str, np.ndarray], trajectories: dict[str, np.ndarray], *, m: int, lam: float,
+    band: tuple[float, float], policy_band: tuple[float, float],
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:  # fmt: skip
+    """Policy and RM samples of one iteration, with reward, advantage and whether each trains.
+
+    judgments: traj_id, step_idx, judge_idx, step_score (-1/+1, 0 unparsed), parsed (J,);
+    trajectories: traj_id, task_id, outcome (T,), the trainable ones (their outcomes also give
+    each task's accuracy). -> (policy, rm): dicts of equal-length arrays, policy (N,) with
+    traj_id, task_id, step_idx, reward, advantage, kept, drop_reason (None, "out_of_band" or
+    "zero_advantage"); rm (N*m,) the same plus judge_idx, drop_reason also "zero_std".
+
+    Worked example: one task, trajectories 0 (won) and 1 (lost), one step each, m = 2.
+    R = O + mean S: 1 + 1 = 2 and -1 + 0 = -1; z-scores +-0.7071. RM rewards R*S: [2, 2]
+    (all equal: zero_std) and [-1, 1].
+    >>> pol, rm = select_samples(
+    ...     {"traj_id": np.array([0, 0, 1, 1]), "step_idx": np.zeros(4, int), "judge_idx": np.array([0, 1, 0, 1]),
+    ...      "step_score": np.array([1, 1, 1, -1]), "parsed": np.ones(4, bool)},
+    ...     {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1])},
+    ...     m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8))
+    >>> pol["reward"].tolist(), pol["advantage"].round(4).tolist(), pol["kept"].tolist()
+    ([2.0, -1.0], [0.7071, -0.7071], [True, True])
+    >>> rm["reward"].tolist(), rm["kept"].tolist(), rm["drop_reason"].tolist()
+    ([2.0, 2.0, -1.0, 1.0], [False, False, True, True], ['zero_std', 'zero_std', None, None])
+    """
+    keys, order = judgment_matrix(judgments["traj_id"], judgments["step_idx"], judgments["judge_idx"], m)
+    score = np.asarray(judgments["step_score"], dtype=np.float64)[order]  # (N, m)
+    parsed = np.asarray(judgments["parsed"], dtype=bool)[order]  # (N, m)
+    traj_ids = np.asarray(trajectories["traj_id"]).tolist()
+    row_of = {t: r for r, t in enumerate(traj_ids)}
+    if len(row_of) != len(traj_ids):
+        raise ValueError("trajectories: traj_id must be unique")
+    unknown = sorted({int(t) for t in keys[:, 0]} - set(row_of))
+    if unknown:
+        raise ValueError(f"judgments of trajectories {unknown[:5]} that are not among the trainable trajectories")
+    rows = np.array([row_of[int(t)] for t in keys[:, 0]], dtype=np.int64)
+    outcome_all = np.asarray(trajectories["outcome"])
+    task_all = np.asarray(trajectories["task_id"], dtype=object)
+    outcome, task_ids = outcome_all[rows].astype(np.float64), task_all[rows]
+    accuracy = task_accuracy(outcome_all, task_all)
+    task_acc = np.array([accuracy[t] for t in task_ids], dtype=np.float64)
+
+    reward = integrated_reward(outcome, score, lam)  # (N,)
+    advantage = step_index_advantages(reward, task_ids, keys[:, 1])
+    policy_ok = np.asarray(in_band(task_acc, *policy_band), dtype=bool)
+    policy = {
+        "traj_id": keys[:, 0], "task_id": task_ids, "step_idx": keys[:, 1], "reward": reward, "advantage": advantage,
+        "kept": policy_ok & (advantage != 0),  # exact: advantages decided zero are exactly 0.0
+        "drop_reason": _reasons(~policy_ok, advantage == 0, "zero_advantage"),
+    }  # fmt: skip
+
+    rm_reward = rm_consistency_reward(reward, score, parsed)  # (N, m)
+    rm_adv, rm_valid = rm_advantages(rm_reward)
+    rm_ok = np.repeat(np.asarray(in_band(task_acc, *band), dtype=bool), m)
+    valid = np.repeat(rm_valid, m)
+    zero = valid & (rm_adv.ravel() == 0)
+    rm = {
+        "traj_id": np.repeat(keys[:, 0], m), "task_id": np.repeat(task_ids, m), "step_idx": np.repeat(keys[:, 1], m),
+        "judge_idx": np.tile(np.arange(m), len(keys)), "reward": rm_reward.ravel(), "advantage": rm_adv.ravel(),
+        "kept": rm_ok & valid & ~zero,
+        "drop_reason": _reasons(~rm_ok, ~valid, "zero_std", zero),
+    }  # fmt: skip
+    return policy, rm
+
+
+def _reasons(out_of_band: np.ndarray, first: np.ndarray, first_reason: str, zero: np.ndarray | None = None) -> np.ndarray:
+    """drop_reason per sample: out_of_band wins, then `first_reason`, then zero_advantage."""
+    out = np.full(len(out_of_band), None, dtype=object)
+    if zero is not None:
+        out[zero] = "zero_advantage"
+    out[first] = first_reason
+    out[out_of_band] = "out_of_band"
+    return out

@@ -1,0 +1,54 @@
+"""Step 2's domain logic: the outcome of a trajectory, from its environment's verifier.
+
+A finished episode is replayed action by action in a fresh environment and the verifier asked
+(`replay_outcome`): the outcome never depends on state the live episode may have left behind.
+Environments that cannot be replayed (`replayable = False`, a desktop VM) keep the verdict
+taken at the end of the live episode. Library code: the verify task reads and writes the
+Parquet files around `verify_episode`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from rlanything.envs.base import env_class, make_env, replayable
+
+OUTCOME_IDS = ("traj_id", "task_id", "slot", "version", "rollout_idx", "num_steps", "termination", "pending")
+
+
+def replay_outcome(env_config, spec: dict, actions: list[str | None]) -> int:
+    """Replay a trajectory's actions in a fresh environment and ask its verifier."""
+    env = make_env(env_config)
+    try:
+        env.reset(spec)
+        for action in actions:
+            env.step(action)
+        return env.outcome()
+    finally:
+        env.close()
+
+
+def verify_episode(env_config, episode: dict, spec: str, actions: list[str | None]) -> dict:
+    """One outcomes.parquet row from an episodes.parquet row (`spec` as JSON, `actions` in step
+    order): a finished episode is replayed in a fresh environment and its verifier asked, or,
+    for environments that cannot be replayed, the verdict taken at the end of the live episode
+    is kept; hitting the step cap is a failure without asking; an environment error is invalid.
+    A verifier that raises makes the row invalid with the error recorded, never a silent -1."""
+    outcome, valid, error = -1, episode["termination"] != "env_error", episode["error"]
+    verified_by = "step_cap" if episode["termination"] == "max_steps" else episode["termination"]
+    if episode["termination"] == "done" and not replayable(env_class(env_config.kind)):
+        verified_by = "live"
+        if episode["live_outcome"] is None or pd.isna(episode["live_outcome"]):
+            valid, error = False, "verifier: no live outcome recorded for a non-replayable environment"
+        else:
+            outcome = int(episode["live_outcome"])
+    elif episode["termination"] == "done":
+        verified_by = "replay"
+        try:
+            outcome = replay_outcome(env_config, json.loads(spec), actions)
+        except Exception as err:  # a crashing verifier is recorded, never a silent -1
+            valid, error = False, f"verifier: {type(err).__name__}: {err}"
+    ids = {k: v for k, v in episode.items() if k in OUTCOME_IDS}
+    return {**ids, "outcome": outcome, "valid": valid, "error": error, "verified_by": verified_by}

@@ -1,0 +1,120 @@
+"""Which samples train (algo.samples): the m-judgments check and hand-computed selections."""
+
+import re
+
+import numpy as np
+import pytest
+
+from rlanything.algo.samples import judgment_matrix, select_samples
+
+
+def judgments(rows):
+    """rows of (traj_id, step_idx, judge_idx, step_score) -> the column dict."""
+    t, s, j, sc = (np.array(c) for c in zip(*rows))
+    return {"traj_id": t, "step_idx": s, "judge_idx": j, "step_score": sc, "parsed": sc != 0}
+
+
+def trajectories(traj, task, outcome):
+    return {"traj_id": np.array(traj), "task_id": np.array(task, dtype=object), "outcome": np.array(outcome)}
+
+
+# ---------------------------------------------------------------- the m-judgments check
+
+
+def test_judgment_matrix_orders_each_steps_judgments():
+    keys, order = judgment_matrix(np.array([2, 0, 2, 0, 0, 0]), np.array([0, 1, 0, 0, 1, 0]),
+                                  np.array([1, 0, 0, 1, 1, 0]), m=2)  # fmt: skip
+    assert keys.tolist() == [[0, 0], [0, 1], [2, 0]]
+    assert order.tolist() == [[5, 3], [1, 4], [2, 0]]
+
+
+@pytest.mark.parametrize(
+    "judge_idx, message",
+    [
+        ([0, 1, 0], "has judgments [0]"),  # step (1, 0) has 1 of 2
+        ([0, 1, 0, 1, 1], "has judgments [0, 1, 1]"),  # 3 judgments, one duplicated
+        ([0, 1, 1, 2], "has judgments [1, 2]"),  # 2 judgments but numbered 1, 2
+        ([0, 1, 0, 0], "has judgments [0, 0]"),  # right count, judge 1 missing, 0 twice
+    ],
+)
+def test_judgment_matrix_refuses_anything_but_m_judgments_numbered_0_to_m_minus_1(judge_idx, message):
+    n = len(judge_idx)
+    traj = np.array([0, 0] + [1] * (n - 2))
+    with pytest.raises(ValueError, match=re.escape(f"step 0 of trajectory 1 {message}")):
+        judgment_matrix(traj, np.zeros(n, dtype=np.int64), np.array(judge_idx), m=2)
+
+
+def test_select_samples_refuses_a_step_with_too_few_judgments():
+    bad = judgments([(0, 0, 0, 1), (0, 0, 1, 1), (1, 0, 0, -1)])  # m = 2, trajectory 1 has one
+    with pytest.raises(ValueError, match="exactly m=2 judgments"):
+        select_samples(bad, trajectories([0, 1], ["a", "a"], [1, -1]), m=2, lam=1.0, band=(0, 1), policy_band=(0, 1))
+
+
+def test_select_samples_refuses_judgments_of_unknown_trajectories():
+    with pytest.raises(ValueError, match=r"trajectories \[5\]"):
+        select_samples(judgments([(5, 0, 0, 1)]), trajectories([0], ["a"], [1]), m=1, lam=1.0, band=(0, 1),
+                       policy_band=(0, 1))  # fmt: skip
+
+
+# ---------------------------------------------------------------- hand-computed selections
+
+
+def test_select_samples_by_hand():
+    # task a: trajectories 0 (won, 2 steps), 1 (lost, 1 step), 3 (won, 1 step): accuracy 2/3
+    # task b: trajectory 2 (lost): accuracy 0; m = 2 judgments, 0 = unparsed
+    rows = [(0, 0, 0, 1), (0, 0, 1, 1), (0, 1, 0, 1), (0, 1, 1, -1), (1, 0, 0, -1), (1, 0, 1, 0),
+            (2, 0, 0, 1), (2, 0, 1, 1), (3, 0, 0, 1), (3, 0, 1, -1)]  # fmt: skip
+    order = [7, 2, 9, 0, 4, 1, 8, 3, 6, 5]  # any row order
+    jud = judgments([rows[i] for i in order])
+    traj = trajectories([0, 1, 2, 3], ["a", "a", "b", "a"], [1, -1, -1, 1])
+    pol, rm = select_samples(jud, traj, m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8))
+    # steps sorted (0,0) (0,1) (1,0) (2,0) (3,0); R = O + mean S: 2, 1, -1.5, 0, 1
+    assert pol["traj_id"].tolist() == [0, 0, 1, 2, 3] and pol["step_idx"].tolist() == [0, 1, 0, 0, 0]
+    assert pol["reward"].tolist() == [2.0, 1.0, -1.5, 0.0, 1.0]
+    # (a, step 0) = {2, -1.5, 1}: mean 0.5, sample std sqrt((2.25 + 4 + 0.25) / 2) = 1.80278
+    std = np.sqrt(3.25) + 1e-6
+    assert pol["advantage"][[0, 2, 4]] == pytest.approx([1.5 / std, -2.0 / std, 0.5 / std], abs=1e-12)
+    assert pol["advantage"][1] == 1.0 and pol["advantage"][3] == 0.0  # alone at (a, 1): raw R; (b, 0): raw 0
+    assert pol["kept"].tolist() == [True, True, True, False, True]
+    assert pol["drop_reason"].tolist() == [None, None, None, "out_of_band", None]
+    # RM rewards R * S (-2 unparsed): (0,0) [2, 2] equal -> zero_std; (0,1) [1, -1]; (1,0) [1.5, -2];
+    # (2,0) [0, 0] out of band; (3,0) [1, -1]
+    assert rm["reward"].tolist() == [2.0, 2.0, 1.0, -1.0, 1.5, -2.0, 0.0, 0.0, 1.0, -1.0]
+    assert rm["judge_idx"].tolist() == [0, 1] * 5
+    assert rm["kept"].tolist() == [False, False, True, True, True, True, False, False, True, True]
+    assert rm["drop_reason"].tolist() == ["zero_std", "zero_std", None, None, None, None, "out_of_band",
+                                          "out_of_band", None, None]  # fmt: skip
+    s2 = np.sqrt(2) + 1e-6  # [1, -1]: mean 0, std sqrt(2)
+    assert rm["advantage"][[2, 3]] == pytest.approx([1 / s2, -1 / s2], abs=1e-12)
+
+
+def test_a_policy_sample_at_its_group_mean_is_dropped_whatever_the_float_noise():
+    # one task, four one-step trajectories, m = 4, lam = 0.8: R = O + 0.8 * mean S
+    #   traj 0: -1 + 0.8 * (-1/4) = -1.2;  traj 1: -1 + 0.8 * (-1) = -1.8
+    #   traj 2: -1 + 0.8 * (3/4) = -0.4;   traj 3:  1 + 0.8 * 1 = 1.8
+    # mean -0.4: trajectory 2 is exactly at it, but in floats R_2 - mean = 5.6e-17
+    scores = [[-1, 0, 0, 0], [-1, -1, -1, -1], [1, 1, 1, 0], [1, 1, 1, 1]]
+    jud = judgments([(t, 0, j, sc) for t, row in enumerate(scores) for j, sc in enumerate(row)])
+    traj = trajectories([0, 1, 2, 3], ["a"] * 4, [-1, -1, -1, 1])
+    pol, rm = select_samples(jud, traj, m=4, lam=0.8, band=(0, 1), policy_band=(0, 1))
+    reward = pol["reward"]
+    assert reward[2] - np.bincount(np.zeros(4, dtype=np.int64), weights=reward)[0] / 4 != 0.0  # the noise is real
+    assert pol["advantage"][2] == 0.0  # exactly
+    assert pol["kept"].tolist() == [True, True, False, True]
+    assert pol["drop_reason"].tolist() == [None, None, "zero_advantage", None]
+    # RM: every judgment set of 4 has a spread; a judgment whose reward is its set's mean is dropped too
+    # traj 0: R*S = [1.2, 0, 0, 0] (S = 0 is unparsed: -2) -> [1.2, -2, -2, -2], no member at the mean -1.2
+    assert rm["kept"][:4].tolist() == [True] * 4
+    # traj 1 and 3: all S equal -> zero_std; traj 2: [-0.4, -0.4, -0.4, -2]: no member at the mean
+    assert rm["drop_reason"][4:8].tolist() == ["zero_std"] * 4 and rm["drop_reason"][12:].tolist() == ["zero_std"] * 4
+
+
+def test_an_rm_judgment_at_its_sets_mean_is_dropped_as_zero_advantage():
+    # won trajectory, m = 4, S = [1, -1, unparsed, unparsed]: R = 1 + lam * 0 = 1, RM rewards
+    # R * S = [1, -1, -2, -2] (mean -1): judgment 1 sits at the mean -> advantage 0, dropped
+    jud = judgments([(0, 0, 0, 1), (0, 0, 1, -1), (0, 0, 2, 0), (0, 0, 3, 0)])
+    _, rm = select_samples(jud, trajectories([0], ["a"], [1]), m=4, lam=1.0, band=(0, 1), policy_band=(0, 1))
+    assert rm["reward"].tolist() == [1.0, -1.0, -2.0, -2.0]
+    assert rm["advantage"][1] == 0.0 and rm["advantage"][0] > 0 > rm["advantage"][2]
+    assert rm["kept"].tolist() == [True, False, True, True]
+    assert rm["drop_reason"].tolist() == [None, "zero_advantage", None, None]
