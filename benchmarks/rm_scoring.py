@@ -1,4 +1,4 @@
-"""RM scoring (design.md step 3) with and without the KV reuse of `engine.PrefixCache`.
+"""RM scoring (step 3 of docs/method.md) with and without the KV reuse of `engine.PrefixCache`.
 
     python benchmarks/rm_scoring.py [--trajectories 8] [--steps 6] [--judgments 2]
                                     [--new-tokens 24] [--verdict constrained|free] [--bf16]

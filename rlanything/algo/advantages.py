@@ -1,6 +1,6 @@
 """Advantages: group z-scores for the policy (per task and step index) and the RM.
 
-Paper (design.md section 1):
+Paper (docs/method.md):
     policy: for task q and step index i, z-score R_{tau_i} over q's trajectories that
             reached step i; one trajectory -> its raw R; std 0 -> 0; advantage-0
             samples are dropped by the caller.

@@ -1,6 +1,6 @@
 """Coding variant: rewards and advantages of the RM acting as a unit-test generator.
 
-Paper (design.md section 1, "Coding variant"): each generated test is run on the
+Paper (docs/method.md, "Coding variant"): each generated test is run on the
 policy's solutions. A test is *correct* if it passes on every solution that passes
 all ground-truth tests. A correct test earns the number of incorrect solutions it
 fails (it tells them apart); an incorrect test earns -(number of incorrect solutions

@@ -1,6 +1,6 @@
 """Curriculum rules: task accuracy, the training band, rewrite direction and acceptance.
 
-Paper (design.md section 1):
+Paper (docs/method.md):
     * samples train only from tasks with accuracy in [alpha_low, alpha_high] = [0.2, 0.8];
     * a task with accuracy outside (alpha_low, alpha_high) is rewritten:
       harder if acc >= alpha_high, easier if acc <= alpha_low;

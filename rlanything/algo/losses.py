@@ -1,6 +1,6 @@
 """Losses: token log-probs, the masked sequence mean, and PPO-clip with a k3 KL penalty.
 
-Paper (design.md section 1), for the policy and the RM alike:
+Paper (docs/method.md), for the policy and the RM alike:
     ratio_t = exp(logprobs_t - old_logprobs_t)
     pg_t    = -min(ratio_t * A, clip(ratio_t, 1 - eps, 1 + eps) * A),   eps = 0.2
     kl_t    = exp(ref_t - logprobs_t) - (ref_t - logprobs_t) - 1          (k3), beta = 0.01

@@ -133,7 +133,7 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 def parse_answer(text: str, fallback: str = "none") -> tuple[str | None, str]:
     r"""`parse_boxed_answer`, and with ``fallback="last_number"`` a response without a box is
     read as its last number (status ``"last_number"``). Our departure for small models that
-    compute but do not box (stack.md: SmolLM2-135M gets the last number right about half the
+    compute but do not box (measured here: SmolLM2-135M gets the last number right about half the
     time and boxes almost never); the status keeps the two apart in rollouts.parquet.
 
     text: str, fallback: "none" | "last_number" -> (str | None, str)

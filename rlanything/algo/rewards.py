@@ -1,6 +1,6 @@
 """Rewards: the policy's integrated feedback and the RM's consistency feedback.
 
-Paper (design.md section 1):
+Paper (docs/method.md):
     R_{tau_i}       = O_tau + lam * (1/m) * sum_j S_{tau_i,j}        (policy, per step)
     R^S_{tau_i,j}   = R_{tau_i} * S_{tau_i,j}, or -2 if unparseable   (RM, per judgment)
 

@@ -7,7 +7,7 @@ executes its runs (started from the UI, the CLI or a schedule) until stopped; `r
 server stop` ends serve first (a runner whose server vanished hangs), then Prefect, then MLflow.
 
 MLflow runs with `--workers 1` and `MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false`: ~0.5 GB instead
-of ~1.8 GB (stack.md). Its backend store is the runs root's `mlflow.db`, the default of every
+of ~1.8 GB (measured here). Its backend store is the runs root's `mlflow.db`, the default of every
 config under that root.
 """
 

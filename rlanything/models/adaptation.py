@@ -1,6 +1,6 @@
 """The environment model's two jobs in task adaptation: the critic summary and the rewrite.
 
-Critic summary (design.md §1): for each failed trajectory, the steps that all m judgments
+Critic summary (docs/method.md): for each failed trajectory, the steps that all m judgments
 scored −1, with the RM's reasoning there. `extractive_summary` lists them verbatim (short);
 the environment model can instead summarise them in a few sentences.
 

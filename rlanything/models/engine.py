@@ -4,7 +4,7 @@
 over a vLLM server; `make_engine` picks one from a config section. Log-probs are those of the
 temperature-scaled distribution (log_softmax(logits / T)), without top-p truncation, computed
 from the same forward pass that sampled the token; the trainer computes new log-probs the same
-way (`response_logprobs`), so PPO ratios compare like with like (stack.md: same precision,
+way (`response_logprobs`), so PPO ratios compare like with like (measured here: same precision,
 same code path).
 """
 

@@ -1,9 +1,9 @@
-"""The generative reward model judges every step m times (design.md §1, "Step judgments").
+"""The generative reward model judges every step m times (docs/method.md, "Step judgments").
 
 Two verdict modes:
 - `free` (the paper's): the RM writes its reasoning and its own \\boxed{±1}; the last box is
   parsed, anything else is unparseable (score 0, RM reward −2).
-- `constrained` (for small models; our departure, measured in stack.md): the RM writes its
+- `constrained` (for small models; our departure, as measured with SmolLM2-135M): the RM writes its
   reasoning, then we append `\\boxed{` and sample the verdict from the model's own
   probabilities of the token sequences "1" and "-1" (renormalised over the two), then `}`.
   The appended tokens are part of the response with the model's log-probs, so the RM update

@@ -3,8 +3,8 @@
 The policy sees the environment's instructions, then alternating observations and its own
 earlier responses: a multi-turn chat whose rendered tokens are exactly the context of a step.
 The RM sees the task, the history up to the step, the step's response and the next
-observation, and must end with \\boxed{1} or \\boxed{-1} (design.md §1). No prompt carries an
-example answer: a concrete example invites the policy to copy it (stack.md).
+observation, and must end with \\boxed{1} or \\boxed{-1} (docs/method.md). No prompt carries an
+example answer: a concrete example invites the policy to copy it (measured here).
 """
 
 from __future__ import annotations

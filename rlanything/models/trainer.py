@@ -1,4 +1,4 @@
-"""One PPO-clip pass over a batch of samples (policy and RM alike, design.md §1 "Loss").
+"""One PPO-clip pass over a batch of samples (policy and RM alike, docs/method.md, "Loss").
 
 The samples are shuffled (seeded) and split into `updates` mini-batches, one optimizer step
 each; every mini-batch is processed in micro-batches whose losses are weighted by their share

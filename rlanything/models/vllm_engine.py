@@ -1,6 +1,6 @@
 """The vLLM engine: the `GenerationEngine` protocol over a vLLM OpenAI-compatible server.
 
-vLLM never shares our venv (stack.md: its CPU and CUDA wheels pin their own torch and
+vLLM never shares our venv (measured here: its CPU and CUDA wheels pin their own torch and
 transformers), so the seam is HTTP. `VllmServer` starts `python -m
 vllm.entrypoints.openai.api_server` from the configured python (or uses a server at a URL);
 `VllmEngine` sends token ids in and reads token ids and log-probs back:

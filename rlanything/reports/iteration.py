@@ -1,7 +1,7 @@
 """What a person reads in the MLflow UI without downloading anything: plots, a markdown
 summary, and a few trajectories rendered as text.
 
-The UI lists Parquet files but cannot preview them (stack.md), so each iteration also gets
+The UI lists Parquet files but cannot preview them (measured here), so each iteration also gets
   curves.png     the run's metrics over iterations so far (accuracy, mean outcome, RM agreement
                  and parse rate, losses, KL, task adaptation decisions, step wall times)
   iteration.png  this iteration: accuracy per task, advantages, RM verdicts vs outcomes, lengths

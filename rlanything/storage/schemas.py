@@ -1,4 +1,4 @@
-"""One explicit pyarrow schema per artifact (design.md §2).
+"""One explicit pyarrow schema per artifact (docs/architecture.md).
 
 Column names equal the variable names used in code. Ids: `task_id` names one version of a
 problem ("s003v01" = slot 3, version 1); `traj_id` numbers the trajectories of an iteration.

@@ -53,7 +53,7 @@ def cli(args: list[str], api_url: str, fault: str | None = None) -> subprocess.P
 
 def finish(proc: subprocess.Popen, timeout: float = 420) -> str:
     """Wait for the process, then SIGKILL whatever is left of its process group (an orphaned
-    ephemeral Prefect server would be; stack.md). -> its output."""
+    ephemeral Prefect server would be). -> its output."""
     try:
         out, _ = proc.communicate(timeout=timeout)
     finally:
