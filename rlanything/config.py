@@ -75,6 +75,9 @@ class OptimConfig(_Section):
     """Optimizer steps per iteration; the samples are split evenly across them (one pass)."""
     micro_batch_size: int = Field(4, ge=1)
     """Sequences per forward/backward; gradient accumulation fills each optimizer step."""
+    frozen: bool = False
+    """Skip the update: the step trains on no sample and writes the unchanged weights as the
+    iteration's checkpoint (the learning test's control run, e.g. `rm.optim.frozen: true`)."""
 
 
 class LoraConfig(_Section):
@@ -291,10 +294,15 @@ class CodingConfig(_Section):
     """Limits of the process that runs generated code."""
 
 
+class FirstLetterConfig(_Section):
+    letters: str = Field("a", min_length=1)
+    """Letters a right answer may start with in the initial buffer (kind: first_letter)."""
+
+
 class EnvConfig(_Section):
-    kind: Literal["reasoning_gym", "miniwob", "osworld", "textworld", "textworld_express", "alfworld", "coding"] = (
-        "reasoning_gym"
-    )
+    kind: Literal[
+        "reasoning_gym", "miniwob", "osworld", "textworld", "textworld_express", "alfworld", "coding", "first_letter"
+    ] = "reasoning_gym"
     """Environment family."""
     dataset: str = "basic_arithmetic"
     """reasoning-gym generator name."""
@@ -304,10 +312,11 @@ class EnvConfig(_Section):
     """Size of the initial task buffer (one slot per problem)."""
     max_steps: int = Field(1, ge=1)
     """Step cap of an episode; reaching it ends the episode as a failure."""
-    answer_fallback: Literal["none", "last_number"] = "none"
-    """How a response without a \\boxed{} is read: `none` (no action, the usual failure) or
+    answer_fallback: Literal["none", "last_number", "first_word"] = "none"
+    """How a response without a \\boxed{} is read: `none` (no action, the usual failure),
     `last_number` (its last number, action_status `last_number`), for small models that compute
-    but do not box yet (reasoning-gym arithmetic with SmolLM2-135M)."""
+    but do not box yet (reasoning-gym arithmetic with SmolLM2-135M), or `first_word` (its first
+    word: one-word answers, e.g. kind first_letter with random-init models)."""
     screenshots: bool = True
     """Keep a PNG of the screen after every step (environments with a screen: MiniWoB++,
     OSWorld) in iter_NNNN/screenshots/ and MLflow; the `screenshot` column of rollouts.parquet
@@ -324,6 +333,8 @@ class EnvConfig(_Section):
     """ALFWorld text games from the user's local data (kind: alfworld)."""
     coding: CodingConfig = CodingConfig()
     """Coding problems run in the sandbox (kind: coding)."""
+    first_letter: FirstLetterConfig = FirstLetterConfig()
+    """The one-word smoke / learning-check environment (kind: first_letter)."""
 
 
 class AlgoConfig(_Section):

@@ -145,6 +145,10 @@ def env_class(kind: str) -> type[Environment]:
         from rlanything.envs.coding import CodingEnv
 
         return CodingEnv
+    if kind == "first_letter":
+        from rlanything.envs.first_letter import FirstLetterEnv
+
+        return FirstLetterEnv
     raise ValueError(f"unknown environment kind {kind!r}")
 
 
