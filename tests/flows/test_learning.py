@@ -14,6 +14,7 @@ breaks exactly the part it checks, so a test that always passed would be caught:
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ CONFIG = REPO / "configs" / "tiny-learn.yaml"
 HELD_OUT = 32  # problems
 POLICY_MARGIN, NOISE = 0.30, 0.05  # held-out accuracy: rise when learning, at most noise when broken
 RM_MARGIN, RM_NOISE = 0.15, 0.10  # RM agreement
+SEED = int(os.environ.get("LEARNING_TEST_SEED", "0"))  # run.seed: check the margins hold for other seeds
 
 
 def held_out_specs(config, n: int) -> list[dict]:
@@ -70,7 +72,7 @@ def train(root: Path, name: str, overrides: list[str]) -> tuple[RunLayout, list[
     """A run of tiny-learn.yaml -> its layout and every iteration's summary."""
     from rlanything.flows.training import train_flow
 
-    result = train_flow(str(CONFIG), [f"run.root={root}", f"run.name={name}", *overrides])
+    result = train_flow(str(CONFIG), [f"run.root={root}", f"run.name={name}", f"run.seed={SEED}", *overrides])
     layout = RunLayout(Path(result["run_dir"]))
     summaries = [json.loads((layout.iter_dir(i) / "summary.json").read_text()) for i in range(result["iterations"])]
     return layout, summaries
