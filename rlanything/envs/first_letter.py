@@ -3,8 +3,9 @@
 Not a benchmark. It exists so that a random-init model can show learning within a few CPU
 minutes: the right answer is any word whose first letter is one of `letters` (default "a"), so
 even a model that writes random tokens succeeds now and then (about 8% of the SmolLM2
-vocabulary's tokens start with an "a"), and reinforcement alone can raise that rate to 100%.
-The learning test (tests/flows/test_learning.py) runs it through the real training flow.
+vocabulary's tokens start with an "a", 27% with a vowel), and reinforcement alone can make its
+greedy answer a right one. The learning test (tests/flows/test_learning.py) runs it through
+the real training flow with configs/tiny-learn.yaml.
 
 A spec is `{"letters": str, "seed": int}`. The seed only picks the topic words shown in the
 prompt, so problems differ while the rule stays the same: held-out problems (seeds never used
