@@ -84,6 +84,9 @@ class OptimConfig(_Section):
     """Optimizer steps per iteration; the samples are split evenly across them (one pass)."""
     micro_batch_size: int = Field(4, ge=1)
     """Sequences per forward/backward; gradient accumulation fills each optimizer step."""
+    frozen: bool = False
+    """Skip the update: the step trains on no sample and writes the unchanged weights as the
+    iteration's checkpoint (the learning test's control run, e.g. `rm.optim.frozen: true`)."""
 
 
 class LoraConfig(_Section):
@@ -333,6 +336,11 @@ class CodingOptions(_Section):
     """Limits of the process that runs generated code."""
 
 
+class FirstLetterOptions(_Section):
+    letters: str = Field("a", min_length=1)
+    """Letters a right answer may start with in the initial buffer (kind: first_letter)."""
+
+
 class NoOptions(_Section):
     """The options of a plug-in environment class without an `Options` model: none."""
 
@@ -340,7 +348,7 @@ class NoOptions(_Section):
 ENV_OPTIONS: dict[str, type[BaseModel]] = {
     "reasoning_gym": ReasoningGymOptions, "miniwob": MiniWoBOptions, "osworld": OSWorldOptions,
     "textworld": TextWorldOptions, "textworld_express": TextWorldExpressOptions, "alfworld": AlfWorldOptions,
-    "coding": CodingOptions,
+    "coding": CodingOptions, "first_letter": FirstLetterOptions,
 }  # fmt: skip
 """The built-in environment kinds and their options models (their classes: envs/base.py)."""
 
@@ -360,16 +368,17 @@ def env_options_model(kind: str) -> type[BaseModel]:
 class EnvConfig(_Section):
     kind: str = "reasoning_gym"
     """Environment: a built-in kind (reasoning_gym, miniwob, osworld, textworld,
-    textworld_express, alfworld, coding) or a plug-in class "package.module:ClassName"
+    textworld_express, alfworld, coding, first_letter) or a plug-in class "package.module:ClassName"
     implementing rlanything.envs.base.Environment (its module must be importable)."""
     num_problems: int = Field(8, ge=1)
     """Size of the initial task buffer (one slot per problem)."""
     max_steps: int = Field(1, ge=1)
     """Step cap of an episode; reaching it ends the episode as a failure."""
-    answer_fallback: Literal["none", "last_number"] = "none"
-    """How a response without a \\boxed{} is read: `none` (no action, the usual failure) or
+    answer_fallback: Literal["none", "last_number", "first_word"] = "none"
+    """How a response without a \\boxed{} is read: `none` (no action, the usual failure),
     `last_number` (its last number, action_status `last_number`), for small models that compute
-    but do not box yet (reasoning-gym arithmetic with SmolLM2-135M)."""
+    but do not box yet (reasoning-gym arithmetic with SmolLM2-135M), or `first_word` (its first
+    word: one-word answers, e.g. kind first_letter with random-init models)."""
     screenshots: bool = True
     """Keep a PNG of the screen after every step (environments with a screen: MiniWoB++,
     OSWorld) in iter_NNNN/screenshots/ and MLflow; the `screenshot` column of rollouts.parquet
@@ -377,7 +386,7 @@ class EnvConfig(_Section):
     options: SerializeAsAny[BaseModel] = Field(default_factory=dict, validate_default=True)
     """Options of `kind`, validated by that kind's model only: ReasoningGymOptions,
     MiniWoBOptions, OSWorldOptions, TextWorldOptions, TextWorldExpressOptions, AlfWorldOptions,
-    CodingOptions (this file), or a plug-in class's own pydantic `Options`."""
+    CodingOptions, FirstLetterOptions (this file), or a plug-in class's own pydantic `Options`."""
 
     @field_validator("kind")
     @classmethod

@@ -133,10 +133,12 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 def parse_answer(text: str, fallback: str = "none") -> tuple[str | None, str]:
     r"""`parse_boxed_answer`, and with ``fallback="last_number"`` a response without a box is
     read as its last number (status ``"last_number"``). Our departure for small models that
-    compute but do not box (measured here: SmolLM2-135M gets the last number right about half the
-    time and boxes almost never); the status keeps the two apart in rollouts.parquet.
+    compute but do not box (SmolLM2-135M gets the last number right about half the time and
+    boxes almost never); the status keeps the two apart in rollouts.parquet. With
+    ``fallback="first_word"`` it is read as its first whitespace-separated word (status
+    ``"first_word"``): one-word answers of models too small to box (the learning check).
 
-    text: str, fallback: "none" | "last_number" -> (str | None, str)
+    text: str, fallback: "none" | "last_number" | "first_word" -> (str | None, str)
 
     >>> parse_answer("0 - 4 is -4.", "last_number")
     ('-4', 'last_number')
@@ -144,12 +146,18 @@ def parse_answer(text: str, fallback: str = "none") -> tuple[str | None, str]:
     ('7', 'ok')
     >>> parse_answer("0 - 4 is -4.")
     (None, 'no_box')
+    >>> parse_answer("  apple pie", "first_word")
+    ('apple', 'first_word')
     """
-    if fallback not in ("none", "last_number"):
+    if fallback not in ("none", "last_number", "first_word"):
         raise ValueError(f"unknown answer fallback {fallback!r}")
     answer, status = parse_boxed_answer(text)
     if status == "no_box" and fallback == "last_number":
         numbers = _NUMBER.findall(text)
         if numbers:
             return numbers[-1], "last_number"
+    if status == "no_box" and fallback == "first_word":
+        words = text.split()
+        if words:
+            return words[0], "first_word"
     return answer, status

@@ -129,6 +129,7 @@ ENV_CLASSES = {
     "osworld": "rlanything.envs.osworld:OSWorldEnv", "textworld": "rlanything.envs.textworld:TextWorldEnv",
     "textworld_express": "rlanything.envs.textworld_express:TextWorldExpressEnv",
     "alfworld": "rlanything.envs.alfworld:AlfWorldEnv", "coding": "rlanything.envs.coding:CodingEnv",
+    "first_letter": "rlanything.envs.first_letter:FirstLetterEnv",
 }  # fmt: skip
 """Built-in kinds -> their classes (imported on first use: each pulls its own libraries)."""
 

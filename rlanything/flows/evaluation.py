@@ -125,7 +125,7 @@ def eval_flow(target: str, config_path: str | None = None, overrides: list[str] 
         raise ConfigError(f"unknown split {split!r}; one of {', '.join(SPLITS)} or all")
     if resolved.run_dir is not None:
         out = eval_dir(resolved.run_dir, resolved.iteration)
-        run_id = (resolved.run_dir / "mlflow_run_id").read_text().strip()
+        run_id = RunLayout(resolved.run_dir).mlflow_run_id()
         artifact_path, step = f"eval/{out.name}", resolved.iteration
     else:
         safe = re.sub(r"[^A-Za-z0-9._-]+", "_", resolved.label).strip("_")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 
 from rlanything.algo.samples import select_samples
@@ -12,7 +14,7 @@ from rlanything.progress import progress
 from rlanything.seeding import derive_seed
 from rlanything.storage.artifacts import read_artifact, write_artifact
 from rlanything.storage.schemas import ADVANTAGES, JUDGMENTS
-from rlanything.tasks.common import model_path, open_run, step_task, weights_label
+from rlanything.tasks.common import FLIP_ADVANTAGE_ENV, model_path, open_run, step_task, weights_label
 
 
 def steps_to_judge(steps: pd.DataFrame, episodes: pd.DataFrame, outcomes: pd.DataFrame) -> list[dict]:
@@ -86,6 +88,8 @@ def advantages(run_dir: str, iteration: int):
         trainable, judgments, m=config.rm.judgments_per_step, lam=config.algo.lam,
         band=config.algo.band, policy_band=config.algo.policy_band,
     )  # fmt: skip
+    if os.environ.get(FLIP_ADVANTAGE_ENV) == "1":  # test-only fault: the learning test's negative control
+        samples.loc[samples.kind == "policy", "advantage"] *= -1
     path = write_artifact(samples, layout, iteration, "advantages")
     pol, rm = samples[samples.kind == "policy"], samples[samples.kind == "rm"]
     judged = judgments[judgments.parsed].merge(outcomes[["traj_id", "outcome"]], on="traj_id")

@@ -31,6 +31,7 @@ def to_samples(rows: pd.DataFrame) -> list[Sample]:
 def _update(run_dir: str, iteration: int, kind: str, samples: list[Sample], section: PolicyConfig | RewardModelConfig):
     config, layout = open_run(run_dir)
     optim = section.optim
+    samples = [] if optim.frozen else samples  # a control run: the checkpoint keeps the start weights
     job = UpdateJob(
         start=str(model_path(config, layout, kind, iteration).resolve()),
         out=str(layout.checkpoint(kind, iteration).resolve()), dtype=section.dtype, lora=section.lora.model_dump(),

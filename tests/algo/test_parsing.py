@@ -159,6 +159,13 @@ def test_fallback_keeps_empty_boxes_and_wordless_answers_failures():
     assert parse_answer("3 + 4 = 7") == (None, "no_box")  # default: boxes only
 
 
+def test_first_word_fallback_reads_the_first_word_only_without_a_box():
+    assert parse_answer("  apple, then pear", "first_word") == ("apple,", "first_word")
+    assert parse_answer(r"pear \boxed{apple}", "first_word") == ("apple", "ok")  # a box always wins
+    assert parse_answer(r"pear \boxed{ }", "first_word") == (None, "empty_box")
+    assert parse_answer(" \n ", "first_word") == (None, "no_box")  # nothing but whitespace
+
+
 def test_unknown_fallback_is_an_error():
     with pytest.raises(ValueError, match="unknown answer fallback"):
         parse_answer("7", "first_number")
