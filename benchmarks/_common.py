@@ -46,8 +46,10 @@ def params_of(model) -> int:
 
 def header(title: str) -> None:
     print(f"== {title}")
-    print(f"   torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"device {'cuda' if torch.cuda.is_available() else 'cpu'}; shared machine: read the RATIOS")
+    print(
+        f"   torch {torch.__version__}, threads {torch.get_num_threads()}, "
+        f"device {'cuda' if torch.cuda.is_available() else 'cpu'}; shared machine: read the RATIOS"
+    )
 
 
 class TokensFed:
@@ -62,7 +64,7 @@ class TokensFed:
         ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")  # mask: (B, cached + fed) columns
         self.total += ids.numel() if mask is None else int(mask[:, -ids.shape[1] :].sum())
 
-    def __enter__(self) -> "TokensFed":
+    def __enter__(self) -> TokensFed:
         self.hooks = [m.register_forward_pre_hook(self._count, with_kwargs=True) for m in self.models]
         return self
 

@@ -68,27 +68,53 @@ def main() -> None:
     n, g = job["num_prompts"], job["group_size"]
     dtype = "bfloat16" if job["bf16"] else "float32"
     config = GRPOConfig(
-        output_dir=job["output_dir"], report_to="none", save_strategy="no", logging_steps=1,
-        use_cpu=not torch.cuda.is_available(), seed=job["seed"], max_steps=job["iterations"],
+        output_dir=job["output_dir"],
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        use_cpu=not torch.cuda.is_available(),
+        seed=job["seed"],
+        max_steps=job["iterations"],
         # one generation batch (N prompts × G) per optimizer step, all in one forward/backward,
         # one pass over it (num_iterations 1: no separate old-log-prob forward, as ours)
-        per_device_train_batch_size=n * g, gradient_accumulation_steps=1, steps_per_generation=1,
-        num_generations=g, num_iterations=1, shuffle_dataset=False,
-        max_completion_length=job["max_new_tokens"], temperature=job["temperature"], top_p=1.0, top_k=0,
-        learning_rate=job["lr"], lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0,
-        beta=0.0, epsilon=0.2, loss_type="grpo", scale_rewards="group",
+        per_device_train_batch_size=n * g,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_generations=g,
+        num_iterations=1,
+        shuffle_dataset=False,
+        max_completion_length=job["max_new_tokens"],
+        temperature=job["temperature"],
+        top_p=1.0,
+        top_k=0,
+        learning_rate=job["lr"],
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        epsilon=0.2,
+        loss_type="grpo",
+        scale_rewards="group",
         # TRL's defaults (gradient checkpointing on, bf16 autocast on) would make it slower or
         # change the precision; match ours: no checkpointing, weights in `dtype`, no autocast
-        gradient_checkpointing=False, bf16=False, model_init_kwargs={"dtype": dtype},
+        gradient_checkpointing=False,
+        bf16=False,
+        model_init_kwargs={"dtype": dtype},
         optim="adamw_torch_fused",  # ours steps a fused AdamW too (the default makes ~10 passes)
-        dataloader_num_workers=0, disable_tqdm=True, log_completions=False,
-    )  # fmt: skip
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        log_completions=False,
+    )
     dataset = Dataset.from_dict({"prompt": job["prompts"], "spec": job["specs"]})
     tokenizer = AutoTokenizer.from_pretrained(job["model"], padding_side="left")
     trainer = TimedGRPOTrainer(
-        model=job["model"], reward_funcs=outcome_reward, args=config, train_dataset=dataset,
-        processing_class=tokenizer, callbacks=[StepTimes()],
-    )  # fmt: skip
+        model=job["model"],
+        reward_funcs=outcome_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[StepTimes()],
+    )
     start = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - start
@@ -96,12 +122,24 @@ def main() -> None:
     # a step's wall: from the previous step's end (the first: its own begin) to its end, so it
     # includes whatever TRL does between steps (logging, data loading)
     step_s = [ends[0] - begins[0]] + [b - a for a, b in zip(ends, ends[1:])]
-    print("TRL_RESULT " + json.dumps({
-        "trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "step_s": step_s, "gen_s": stats["gen_s"],
-        "gen_tokens": stats["gen_tokens"], "accuracy": stats["accuracy"], "train_s": train_s,
-        "trained_samples": n * g,
-    }), flush=True)  # fmt: skip
+    print(
+        "TRL_RESULT "
+        + json.dumps(
+            {
+                "trl": trl.__version__,
+                "transformers": transformers.__version__,
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "step_s": step_s,
+                "gen_s": stats["gen_s"],
+                "gen_tokens": stats["gen_tokens"],
+                "accuracy": stats["accuracy"],
+                "train_s": train_s,
+                "trained_samples": n * g,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

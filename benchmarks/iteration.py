@@ -34,23 +34,43 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RUNS = {
     "tiny": ("configs/tiny.yaml", []),
-    "smollm2": ("configs/smollm2-arith.yaml", [
-        "policy.tasks_per_iteration=2", "policy.group_size=4", "env.num_problems=4", "rm.judgments_per_step=2",
-        "policy.max_new_tokens=48", "rm.max_new_tokens=32",
-    ]),
-}  # fmt: skip
+    "smollm2": (
+        "configs/smollm2-arith.yaml",
+        [
+            "policy.tasks_per_iteration=2",
+            "policy.group_size=4",
+            "env.num_problems=4",
+            "rm.judgments_per_step=2",
+            "policy.max_new_tokens=48",
+            "rm.max_new_tokens=32",
+        ],
+    ),
+}
 
 
 def run_once(name: str, root: Path, iterations: int, extra: list[str]) -> dict:
     config, overrides = RUNS[name]
     sets = [a for o in [f"run.root={root}", f"run.name=bench-{name}", *overrides, *extra] for a in ("--set", o)]
     env = {
-        **os.environ, "PREFECT_HOME": str(root / "prefect"), "PREFECT_LOGGING_LEVEL": "WARNING",
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "RLANYTHING_PROGRESS": "0", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
-    }  # fmt: skip
-    cli = [sys.executable, "-c", "from rlanything.cli import app; app()", "train", "--config", str(REPO / config),
-           "--iterations", str(iterations), *sets]  # fmt: skip
+        **os.environ,
+        "PREFECT_HOME": str(root / "prefect"),
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "RLANYTHING_PROGRESS": "0",
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    }
+    cli = [
+        sys.executable,
+        "-c",
+        "from rlanything.cli import app; app()",
+        "train",
+        "--config",
+        str(REPO / config),
+        "--iterations",
+        str(iterations),
+        *sets,
+    ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.time()  # the clock file modification times use
     proc = subprocess.run(cli, cwd=root, env=env, capture_output=True, text=True)
@@ -62,7 +82,9 @@ def run_once(name: str, root: Path, iterations: int, extra: list[str]) -> dict:
     for k in range(iterations):
         folder = root / f"bench-{name}" / f"iter_{k:04d}"
         summary = json.loads((folder / "summary.json").read_text())
-        steps.append({key[len("time/") : -2]: v for key, v in summary.items() if key.startswith("time/") and key.endswith("_s")})
+        steps.append(
+            {key[len("time/") : -2]: v for key, v in summary.items() if key.startswith("time/") and key.endswith("_s")}
+        )
         done.append((folder / "DONE").stat().st_mtime - start)
     return {"wall": wall, "steps": steps, "done": done, "peak_mb": max(peak_kb, before) / 1024}
 
@@ -71,23 +93,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["tiny", "smollm2", "both"], default="both")
     parser.add_argument("--iterations", type=int, default=3, help="≥ 2: the first pays the start-up")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more config overrides (e.g. rm.kv_reuse_gb=0)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="more config overrides (e.g. rm.kv_reuse_gb=0)"
+    )
     args = parser.parse_args()
     names = ["tiny", "smollm2"] if args.model == "both" else [args.model]
-    print(f"== {args.iterations} training iterations through `rlanything train` (subprocess); "
-          "shared machine: read the RATIOS")  # fmt: skip
+    print(
+        f"== {args.iterations} training iterations through `rlanything train` (subprocess); "
+        "shared machine: read the RATIOS"
+    )
     for name in names:
         with tempfile.TemporaryDirectory(prefix=f"rla-bench-{name}-") as tmp:
             result = run_once(name, Path(tmp), args.iterations, args.set)
         totals = [sum(s.values()) for s in result["steps"]]
         done = result["done"]
         detail = ", ".join(f"{k} {v:.1f}" for k, v in result["steps"][-1].items())
-        print(f"   {name:8s} process wall {result['wall']:6.1f} s | last iteration's steps {totals[-1]:5.1f} s ({detail})")
-        print(f"   {'':8s} start-up {done[0] - totals[0]:5.1f} s (once per process) | peak RSS {result['peak_mb']:.0f} MB")
+        print(
+            f"   {name:8s} process wall {result['wall']:6.1f} s | last iteration's steps {totals[-1]:5.1f} s ({detail})"
+        )
+        print(
+            f"   {'':8s} start-up {done[0] - totals[0]:5.1f} s (once per process) | peak RSS {result['peak_mb']:.0f} MB"
+        )
         if len(done) > 1:
             period = (done[-1] - done[0]) / (len(done) - 1)
             overhead = period - sum(totals[1:]) / (len(totals) - 1)
-            print(f"   {'':8s} per iteration: {period:5.1f} s, of which overhead {overhead:4.1f} s = {overhead / period:.1%}")
+            print(
+                f"   {'':8s} per iteration: {period:5.1f} s, of which overhead {overhead:4.1f} s = {overhead / period:.1%}"
+            )
 
 
 if __name__ == "__main__":

@@ -65,25 +65,61 @@ class Clock:
 
 
 def measure(pool_size: int, specs: list[dict], group: int, tokenizer) -> dict:
-    cfg = build_config({"env": {"kind": "miniwob", "max_steps": 15, "num_problems": 1,
-                                "options": {"pool_size": pool_size, "tasks": ALL_TASKS}}}).env  # fmt: skip
-    tasks = [{"task_id": f"s{i:03d}v00", "slot": i, "version": 0, "spec": s, "pending": False} for i, s in enumerate(specs)]
+    cfg = build_config(
+        {
+            "env": {
+                "kind": "miniwob",
+                "max_steps": 15,
+                "num_problems": 1,
+                "options": {"pool_size": pool_size, "tasks": ALL_TASKS},
+            }
+        }
+    ).env
+    tasks = [
+        {"task_id": f"s{i:03d}v00", "slot": i, "version": 0, "spec": s, "pending": False} for i, s in enumerate(specs)
+    ]
     # a first pass launches the pool's browsers; the timed second pass plays the same episodes
-    play(ExpertEngine(tokenizer), tokenizer, lambda: make_env(cfg), tasks, group_size=group, max_steps=15,
-         max_new_tokens=32, temperature=1.0, top_p=1.0, seed=0)  # fmt: skip
+    play(
+        ExpertEngine(tokenizer),
+        tokenizer,
+        lambda: make_env(cfg),
+        tasks,
+        group_size=group,
+        max_steps=15,
+        max_new_tokens=32,
+        temperature=1.0,
+        top_p=1.0,
+        seed=0,
+    )
     clock = Clock()
     restore = clock.install()
     try:
         start = time.perf_counter()
-        rows, episodes = play(ExpertEngine(tokenizer), tokenizer, lambda: make_env(cfg), tasks, group_size=group,
-                              max_steps=15, max_new_tokens=32, temperature=1.0, top_p=1.0, seed=0)  # fmt: skip
+        rows, episodes = play(
+            ExpertEngine(tokenizer),
+            tokenizer,
+            lambda: make_env(cfg),
+            tasks,
+            group_size=group,
+            max_steps=15,
+            max_new_tokens=32,
+            temperature=1.0,
+            top_p=1.0,
+            seed=0,
+        )
         wall = time.perf_counter() - start
     finally:
         restore()
         browser_pool.shutdown_all()
     done = sum(e["termination"] == "done" for e in episodes)
-    return {"episodes": len(episodes), "done": done, "steps": len(rows), "wall": wall, "step_ms": 1e3 * clock.step_s / clock.steps,
-            "driver_ms": 1e3 * clock.driver_s / clock.steps}  # fmt: skip
+    return {
+        "episodes": len(episodes),
+        "done": done,
+        "steps": len(rows),
+        "wall": wall,
+        "step_ms": 1e3 * clock.step_s / clock.steps,
+        "driver_ms": 1e3 * clock.driver_s / clock.steps,
+    }
 
 
 def main() -> None:
@@ -97,14 +133,20 @@ def main() -> None:
     tasks = [ladders[i % len(ladders)][(i // len(ladders)) % len(ladders[i % len(ladders)])] for i in range(args.tasks)]
     specs = [{"task": task, "seed": 500 + i} for i, task in enumerate(tasks)]
     n = args.tasks * args.group
-    results = {f"{n} browsers (one each)": measure(n, specs, args.group, tokenizer),
-               f"{args.shared} browsers (shared)": measure(args.shared, specs, args.group, tokenizer)}  # fmt: skip
+    results = {
+        f"{n} browsers (one each)": measure(n, specs, args.group, tokenizer),
+        f"{args.shared} browsers (shared)": measure(args.shared, specs, args.group, tokenizer),
+    }
     print(f"{n} expert episodes ({', '.join(tasks)}; G={args.group}), interleaved by `play` (one step of each in turn)")
-    print(f"{'pool':24} {'episodes/min':>12} {'ended':>7} {'steps':>6} {'env.step ms':>12} {'in Selenium ms':>15} {'pool overhead ms':>17}")
+    print(
+        f"{'pool':24} {'episodes/min':>12} {'ended':>7} {'steps':>6} {'env.step ms':>12} {'in Selenium ms':>15} {'pool overhead ms':>17}"
+    )
     for name, r in results.items():
         overhead = r["step_ms"] - r["driver_ms"]
-        print(f"{name:24} {60 * r['episodes'] / r['wall']:12.1f} {r['done']:>3}/{r['episodes']:<3} {r['steps']:6d} "
-              f"{r['step_ms']:12.1f} {r['driver_ms']:15.1f} {overhead:10.1f} ({overhead / r['step_ms']:.0%})")  # fmt: skip
+        print(
+            f"{name:24} {60 * r['episodes'] / r['wall']:12.1f} {r['done']:>3}/{r['episodes']:<3} {r['steps']:6d} "
+            f"{r['step_ms']:12.1f} {r['driver_ms']:15.1f} {overhead:10.1f} ({overhead / r['step_ms']:.0%})"
+        )
     own, shared = results.values()
     print(f"ratio: the shared pool takes {shared['wall'] / own['wall']:.2f}x the wall time of a browser per episode")
 

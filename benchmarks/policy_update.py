@@ -46,8 +46,20 @@ def make_samples(model, n: int, prompt: int, response: int, pad_id: int) -> list
 def run(model, samples, pad_id: int, micro: int, backend) -> float:
     optimizer = make_optimizer(model, lr=1e-5, weight_decay=0.0)
     start = time.perf_counter()
-    ppo_update(model, optimizer, samples, pad_id=pad_id, temperature=1.0, clip_eps=0.2, kl_beta=0.01, grad_clip=1.0,
-               updates=2, micro_batch_size=micro, seed=0, backend=backend)  # fmt: skip
+    ppo_update(
+        model,
+        optimizer,
+        samples,
+        pad_id=pad_id,
+        temperature=1.0,
+        clip_eps=0.2,
+        kl_beta=0.01,
+        grad_clip=1.0,
+        updates=2,
+        micro_batch_size=micro,
+        seed=0,
+        backend=backend,
+    )
     return time.perf_counter() - start
 
 
@@ -60,7 +72,9 @@ def main() -> None:
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--bf16", action="store_true")
     args = parser.parse_args()
-    header(f"policy update: SmolLM2-135M, {args.samples} samples × ({args.prompt} + {args.response}) tokens, micro-batch {args.micro}")
+    header(
+        f"policy update: SmolLM2-135M, {args.samples} samples × ({args.prompt} + {args.response}) tokens, micro-batch {args.micro}"
+    )
     path = smollm2_model_dir()
     pad_id = load_tokenizer(path).pad_token_id
     params = params_of(load_model(path))
@@ -79,14 +93,27 @@ def main() -> None:
         optimizer = make_optimizer(model, lr=1e-5, weight_decay=0.0)
         model, optimizer = accelerator.prepare(model, optimizer)
         start = time.perf_counter()
-        ppo_update(model, optimizer, samples, pad_id=pad_id, temperature=1.0, clip_eps=0.2, kl_beta=0.01,
-                   grad_clip=1.0, updates=2, micro_batch_size=args.micro, seed=0,
-                   backend=AccelerateBackend(accelerator))  # fmt: skip
+        ppo_update(
+            model,
+            optimizer,
+            samples,
+            pad_id=pad_id,
+            temperature=1.0,
+            clip_eps=0.2,
+            kl_beta=0.01,
+            grad_clip=1.0,
+            updates=2,
+            micro_batch_size=args.micro,
+            seed=0,
+            backend=AccelerateBackend(accelerator),
+        )
         return time.perf_counter() - start
 
     variants["accelerate"] = accelerate_run
     if args.lora:
-        variants["lora"] = lambda: run(add_adapters(load_model(path), LoraConfig(enabled=True)), samples, pad_id, args.micro, TorchBackend())
+        variants["lora"] = lambda: run(
+            add_adapters(load_model(path), LoraConfig(enabled=True)), samples, pad_id, args.micro, TorchBackend()
+        )
     if args.bf16:
         variants["bf16"] = lambda: run(load_model(path, "bfloat16"), samples, pad_id, args.micro, TorchBackend())
 
@@ -94,11 +121,16 @@ def main() -> None:
     seconds = {name: fn() for name, fn in variants.items()}
     ceiling = matmul_ceiling(torch.float32)
     ceiling16 = matmul_ceiling(torch.bfloat16) if args.bf16 else None
-    print(f"   matmul ceiling fp32 {ceiling / 1e9:.0f} GFLOP/s" + (f", bf16 {ceiling16 / 1e9:.0f} GFLOP/s" if ceiling16 else ""))
+    print(
+        f"   matmul ceiling fp32 {ceiling / 1e9:.0f} GFLOP/s"
+        + (f", bf16 {ceiling16 / 1e9:.0f} GFLOP/s" if ceiling16 else "")
+    )
     print(f"   {'variant':10s} {'seconds':>8s} {'tokens/s':>9s} {'time/torch':>11s} {'MFU':>7s}")
     for name, s in seconds.items():
         peak = ceiling16 if name == "bf16" else ceiling
-        print(f"   {name:10s} {s:8.2f} {tokens / s:9.1f} {s / seconds['torch']:11.2f} {6 * params * tokens / s / peak:7.1%}")
+        print(
+            f"   {name:10s} {s:8.2f} {tokens / s:9.1f} {s / seconds['torch']:11.2f} {6 * params * tokens / s / peak:7.1%}"
+        )
 
 
 if __name__ == "__main__":

@@ -39,11 +39,21 @@ def episodes(trajectories: int, steps: int) -> list[dict]:
     for t in range(trajectories):
         history = []
         for k in range(steps):
-            response = f"I have not found the apple yet, so I look at the next counter. \\boxed{{go to counter {k + 1}}}"
+            response = (
+                f"I have not found the apple yet, so I look at the next counter. \\boxed{{go to counter {k + 1}}}"
+            )
             observation = f"You arrive at counter {k + 1}. On it you see a mug, a knife and a loaf of bread ({t})."
-            out.append({"traj_id": t, "task_id": f"t{t}", "step_idx": k, "history": list(history),
-                        "task": f"Task {t}: put a clean apple in the fridge. You are in the middle of a kitchen.",
-                        "response": response, "observation": observation})  # fmt: skip
+            out.append(
+                {
+                    "traj_id": t,
+                    "task_id": f"t{t}",
+                    "step_idx": k,
+                    "history": list(history),
+                    "task": f"Task {t}: put a clean apple in the fridge. You are in the middle of a kitchen.",
+                    "response": response,
+                    "observation": observation,
+                }
+            )
             history.append((response, observation))
     return out
 
@@ -59,21 +69,34 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="the RM in bfloat16")
     args = parser.parse_args()
     dtype = "bfloat16" if args.bf16 else "float32"
-    header(f"RM scoring: SmolLM2-135M {dtype}, {args.trajectories} episodes × {args.steps} steps × "
-           f"m={args.judgments}, {args.new_tokens} reasoning tokens, {args.verdict} verdict")  # fmt: skip
+    header(
+        f"RM scoring: SmolLM2-135M {dtype}, {args.trajectories} episodes × {args.steps} steps × "
+        f"m={args.judgments}, {args.new_tokens} reasoning tokens, {args.verdict} verdict"
+    )
     path = smollm2_model_dir()
     tokenizer, model = load_tokenizer(path), load_model(path, dtype)
     steps = episodes(args.trajectories, args.steps)
-    engines = {"full": TransformersEngine(model, tokenizer, keep_bytes=0),
-               "reuse": TransformersEngine(model, tokenizer, keep_bytes=2 * 2**30)}  # fmt: skip
+    engines = {
+        "full": TransformersEngine(model, tokenizer, keep_bytes=0),
+        "reuse": TransformersEngine(model, tokenizer, keep_bytes=2 * 2**30),
+    }
     seconds, fed = {n: 0.0 for n in engines}, {n: 0 for n in engines}
     names = list(engines)
     for r in range(args.rounds):
         for name in names[r % 2 :] + names[: r % 2]:
             start = time.perf_counter()
             with TokensFed(model) as counter, torch.no_grad():
-                rows = judge_steps(engines[name], tokenizer, steps, judgments_per_step=args.judgments, verdict=args.verdict,
-                                   max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0, seed=r)  # fmt: skip
+                rows = judge_steps(
+                    engines[name],
+                    tokenizer,
+                    steps,
+                    judgments_per_step=args.judgments,
+                    verdict=args.verdict,
+                    max_new_tokens=args.new_tokens,
+                    temperature=1.0,
+                    top_p=1.0,
+                    seed=r,
+                )
             seconds[name] += time.perf_counter() - start
             fed[name] += counter.total
         print(f"   ... round {r}: " + ", ".join(f"{n} {seconds[n]:.1f} s" for n in names), flush=True)

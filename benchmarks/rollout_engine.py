@@ -53,8 +53,15 @@ class Plain(TransformersEngine):
 
     @torch.no_grad()
     def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed):
-        config = GenerationConfig(do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
-                                  max_new_tokens=max_new_tokens, pad_token_id=self.pad_id, eos_token_id=self.eos_ids)  # fmt: skip
+        config = GenerationConfig(
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_ids,
+        )
         results = [None] * len(prompts)
         for b, idx in enumerate(self._batches(prompts)):
             ids, attn = left_pad([prompts[i] for i in idx], self.pad_id)
@@ -70,9 +77,17 @@ class OutputLogits(TransformersEngine):
 
     @torch.no_grad()
     def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed):
-        config = GenerationConfig(do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
-                                  max_new_tokens=max_new_tokens, pad_token_id=self.pad_id, eos_token_id=self.eos_ids,
-                                  output_logits=True, return_dict_in_generate=True)  # fmt: skip
+        config = GenerationConfig(
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_ids,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
         results = [None] * len(prompts)
         for b, idx in enumerate(self._batches(prompts)):
             ids, attn = left_pad([prompts[i] for i in idx], self.pad_id)
@@ -97,12 +112,20 @@ def play(engines: dict, tokenizer, episodes: int, group: int, turns: int, new_to
     # rlanything's engine keeps each episode's KV from turn to turn, as `rollout.play` does
     reuse = {name: {"prefix_cache": PrefixCache()} for name, e in engines.items() if type(e) is TransformersEngine}
     for turn in range(turns):
-        prompts = [render(tokenizer, policy_messages(SYSTEM, observations[e], responses[e]))[1] for e in range(episodes)]
+        prompts = [
+            render(tokenizer, policy_messages(SYSTEM, observations[e], responses[e]))[1] for e in range(episodes)
+        ]
         for name in names[turn % len(names) :] + names[: turn % len(names)]:
             engine, start = engines[name], time.perf_counter()
             with TokensFed(*[engine.model] if hasattr(engine, "model") else []) as fed:
-                gens = engine.generate(prompts, max_new_tokens=new_tokens, temperature=1.0, top_p=1.0,
-                                       seed=1000 * turn, **reuse.get(name, {}))  # fmt: skip
+                gens = engine.generate(
+                    prompts,
+                    max_new_tokens=new_tokens,
+                    temperature=1.0,
+                    top_p=1.0,
+                    seed=1000 * turn,
+                    **reuse.get(name, {}),
+                )
             result = results[name]
             result[0] += time.perf_counter() - start
             result[1].append(gens)
@@ -125,8 +148,10 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--bf16", action="store_true", help="also time the engine in bfloat16")
     args = parser.parse_args()
-    header(f"rollout engine: SmolLM2-135M, {args.episodes} episodes (G={args.group}) × {args.turns} turns × "
-           f"{args.new_tokens} new tokens")  # fmt: skip
+    header(
+        f"rollout engine: SmolLM2-135M, {args.episodes} episodes (G={args.group}) × {args.turns} turns × "
+        f"{args.new_tokens} new tokens"
+    )
     path = smollm2_model_dir()
     tokenizer = load_tokenizer(path)
     model = load_model(path)
@@ -143,12 +168,19 @@ def main() -> None:
         from rlanything.config import VllmConfig
         from rlanything.models.vllm_engine import VllmEngine, VllmServer
 
-        cfg = VllmConfig(python=os.environ["RLANYTHING_VLLM_PYTHON"], max_model_len=2048, gpu_memory_utilization=1.0 if not torch.cuda.is_available() else 0.5,
-                         extra_args=["--enforce-eager"] if not torch.cuda.is_available() else [], env={"VLLM_CPU_KVCACHE_SPACE": "2"})  # fmt: skip
+        cfg = VllmConfig(
+            python=os.environ["RLANYTHING_VLLM_PYTHON"],
+            max_model_len=2048,
+            gpu_memory_utilization=1.0 if not torch.cuda.is_available() else 0.5,
+            extra_args=["--enforce-eager"] if not torch.cuda.is_available() else [],
+            env={"VLLM_CPU_KVCACHE_SPACE": "2"},
+        )
         start = time.perf_counter()
         server = VllmServer(cfg, path, "bfloat16" if args.bf16 else "float32")
         print(f"   vllm server ready in {time.perf_counter() - start:.0f} s (not counted)")
-        engines["vllm16" if args.bf16 else "vllm"] = VllmEngine(server, tokenizer, engines["engine"].eos_ids, concurrency=args.episodes)
+        engines["vllm16" if args.bf16 else "vllm"] = VllmEngine(
+            server, tokenizer, engines["engine"].eos_ids, concurrency=args.episodes
+        )
 
     play({"plain": engines["plain"]}, tokenizer, args.episodes, args.group, 1, 4)  # warm-up (allocations, kernels)
     results = play(engines, tokenizer, args.episodes, args.group, args.turns, args.new_tokens)
@@ -158,15 +190,21 @@ def main() -> None:
     ceiling16 = matmul_ceiling(torch.bfloat16) if args.bf16 else None
 
     base = results["plain"][0]
-    print(f"   matmul ceiling fp32 {ceiling / 1e9:.0f} GFLOP/s" + (f", bf16 {ceiling16 / 1e9:.0f} GFLOP/s" if ceiling16 else ""))
-    print(f"   {'engine':9s} {'seconds':>8s} {'new tok/s':>10s} {'time/plain':>11s} {'of ceiling: run':>16s} {'effective':>10s}")
+    print(
+        f"   matmul ceiling fp32 {ceiling / 1e9:.0f} GFLOP/s"
+        + (f", bf16 {ceiling16 / 1e9:.0f} GFLOP/s" if ceiling16 else "")
+    )
+    print(
+        f"   {'engine':9s} {'seconds':>8s} {'new tok/s':>10s} {'time/plain':>11s} {'of ceiling: run':>16s} {'effective':>10s}"
+    )
     for name, (seconds, _, prompt_tokens, new, fed) in results.items():
         peak = (ceiling16 if name.endswith("16") else ceiling) * seconds / (2 * params)  # tokens at the ceiling
-        print(f"   {name:9s} {seconds:8.2f} {new / seconds:10.1f} {seconds / base:11.2f} {fed / peak:16.1%} "
-              f"{(prompt_tokens + new) / peak:10.1%}")  # fmt: skip
+        print(
+            f"   {name:9s} {seconds:8.2f} {new / seconds:10.1f} {seconds / base:11.2f} {fed / peak:16.1%} "
+            f"{(prompt_tokens + new) / peak:10.1%}"
+        )
     same_tokens = all(
-        [g.token_ids for g in a] == [g.token_ids for g in b]
-        for a, b in zip(results["plain"][1], results["engine"][1])
+        [g.token_ids for g in a] == [g.token_ids for g in b] for a, b in zip(results["plain"][1], results["engine"][1])
     )
     gap = max(
         abs(x - y)
@@ -174,8 +212,10 @@ def main() -> None:
         for ga, gb in zip(a, b)
         for x, y in zip(ga.logprobs, gb.logprobs)
     )
-    print(f"   engine samples the same tokens as plain: {same_tokens}; "
-          f"max |log-prob(engine) - log-prob(logits)| = {gap:.2e}")  # fmt: skip
+    print(
+        f"   engine samples the same tokens as plain: {same_tokens}; "
+        f"max |log-prob(engine) - log-prob(logits)| = {gap:.2e}"
+    )
 
 
 if __name__ == "__main__":

@@ -130,34 +130,66 @@ def run_ours(args, specs, fallback: str) -> list[dict]:
         tasks = [{"task_id": i, "slot": i, "version": 0, "spec": s, "pending": False} for i, s in enumerate(batch)]
         t0 = time.perf_counter()
         rows, episodes = play(
-            engine, tokenizer, lambda: ReasoningGymEnv(env_config), tasks, group_size=args.group, max_steps=1,
-            max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0, seed=args.seed + it, answer_fallback=fallback,
-        )  # fmt: skip
+            engine,
+            tokenizer,
+            lambda: ReasoningGymEnv(env_config),
+            tasks,
+            group_size=args.group,
+            max_steps=1,
+            max_new_tokens=args.new_tokens,
+            temperature=1.0,
+            top_p=1.0,
+            seed=args.seed + it,
+            answer_fallback=fallback,
+        )
         t1 = time.perf_counter()
         actions = {r["traj_id"]: [r["action"]] for r in rows}
-        outcomes = pd.DataFrame([
-            verify_episode(env_config, ep, json.dumps(tasks[ep["task_id"]]["spec"]), actions.get(ep["traj_id"], []))
-            for ep in episodes
-        ])  # fmt: skip
+        outcomes = pd.DataFrame(
+            [
+                verify_episode(env_config, ep, json.dumps(tasks[ep["task_id"]]["spec"]), actions.get(ep["traj_id"], []))
+                for ep in episodes
+            ]
+        )
         t2 = time.perf_counter()
         # the advantages step at lam=0: the RM's scores are multiplied by 0, so one blank
         # judgment per step stands in for them (no RM runs)
-        blank = pd.DataFrame({"traj_id": outcomes.traj_id, "step_idx": 0, "judge_idx": 0, "step_score": 0, "parsed": False})
+        blank = pd.DataFrame(
+            {"traj_id": outcomes.traj_id, "step_idx": 0, "judge_idx": 0, "step_score": 0, "parsed": False}
+        )
         trainable = outcomes[outcomes.valid & ~outcomes.pending]
         adv = compute_samples(trainable, blank, m=1, lam=0.0, band=algo.band, policy_band=algo.policy_band)
         policy = adv[adv.kind == "policy"]
         kept = policy if args.train_all else policy[policy.kept]
-        samples = to_samples(kept[["traj_id", "step_idx", "advantage"]].merge(pd.DataFrame(rows), on=["traj_id", "step_idx"]))
+        samples = to_samples(
+            kept[["traj_id", "step_idx", "advantage"]].merge(pd.DataFrame(rows), on=["traj_id", "step_idx"])
+        )
         t3 = time.perf_counter()
-        ppo_update(model, optimizer, samples, pad_id=tokenizer.pad_token_id, temperature=1.0, clip_eps=algo.clip_eps,
-                   kl_beta=algo.kl_beta, grad_clip=1.0, updates=1, micro_batch_size=args.prompts * args.group,
-                   seed=args.seed + it)  # fmt: skip
+        ppo_update(
+            model,
+            optimizer,
+            samples,
+            pad_id=tokenizer.pad_token_id,
+            temperature=1.0,
+            clip_eps=algo.clip_eps,
+            kl_beta=algo.kl_beta,
+            grad_clip=1.0,
+            updates=1,
+            micro_batch_size=args.prompts * args.group,
+            seed=args.seed + it,
+        )
         t4 = time.perf_counter()
-        out.append({
-            "step_s": t4 - t0, "gen_s": t1 - t0, "verify_s": t2 - t1, "adv_s": t3 - t2, "update_s": t4 - t3,
-            "gen_tokens": sum(len(r["response_ids"]) for r in rows), "trained": len(samples),
-            "accuracy": float((outcomes.outcome == 1).mean()),
-        })  # fmt: skip
+        out.append(
+            {
+                "step_s": t4 - t0,
+                "gen_s": t1 - t0,
+                "verify_s": t2 - t1,
+                "adv_s": t3 - t2,
+                "update_s": t4 - t3,
+                "gen_tokens": sum(len(r["response_ids"]) for r in rows),
+                "trained": len(samples),
+                "accuracy": float((outcomes.outcome == 1).mean()),
+            }
+        )
     return out
 
 
@@ -166,15 +198,29 @@ def run_ours(args, specs, fallback: str) -> list[dict]:
 
 def run_trl(args, python: Path, specs, prompts, fallback: str, tmp: Path) -> dict:
     job = {
-        "model": str(resolve_model_path("builtin:smollm2-135m-instruct")), "prompts": prompts,
-        "specs": [json.dumps(s) for s in specs], "num_prompts": args.prompts, "group_size": args.group,
-        "max_new_tokens": args.new_tokens, "temperature": 1.0, "lr": LR, "iterations": args.iterations,
-        "seed": args.seed, "bf16": args.bf16, "threads": torch.get_num_threads(), "answer_fallback": fallback,
+        "model": str(resolve_model_path("builtin:smollm2-135m-instruct")),
+        "prompts": prompts,
+        "specs": [json.dumps(s) for s in specs],
+        "num_prompts": args.prompts,
+        "group_size": args.group,
+        "max_new_tokens": args.new_tokens,
+        "temperature": 1.0,
+        "lr": LR,
+        "iterations": args.iterations,
+        "seed": args.seed,
+        "bf16": args.bf16,
+        "threads": torch.get_num_threads(),
+        "answer_fallback": fallback,
         "output_dir": str(tmp / "trl-out"),
-    }  # fmt: skip
+    }
     (tmp / "job.json").write_text(json.dumps(job))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": str(torch.get_num_threads())}  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": str(torch.get_num_threads()),
+    }
     worker = Path(__file__).resolve().parent / "_trl_worker.py"
     proc = subprocess.run([str(python), str(worker), str(tmp / "job.json")], env=env, capture_output=True, text=True)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("TRL_RESULT ")), None)
@@ -193,20 +239,41 @@ def run_flow(args, tmp: Path) -> list[dict]:
     root.mkdir()
     n = args.prompts * args.group
     sets = [
-        f"run.root={root}", "run.name=bench-trl", f"run.seed={args.seed}", "algo.lam=0",
-        f"policy.tasks_per_iteration={args.prompts}", f"env.num_problems={args.prompts}",
-        f"policy.group_size={args.group}", f"policy.max_new_tokens={args.new_tokens}", "policy.temperature=1.0",
-        "policy.optim.updates_per_iteration=1", f"policy.optim.micro_batch_size={n}", f"policy.batch_size={n}",
+        f"run.root={root}",
+        "run.name=bench-trl",
+        f"run.seed={args.seed}",
+        "algo.lam=0",
+        f"policy.tasks_per_iteration={args.prompts}",
+        f"env.num_problems={args.prompts}",
+        f"policy.group_size={args.group}",
+        f"policy.max_new_tokens={args.new_tokens}",
+        "policy.temperature=1.0",
+        "policy.optim.updates_per_iteration=1",
+        f"policy.optim.micro_batch_size={n}",
+        f"policy.batch_size={n}",
         f"policy.dtype={'bfloat16' if args.bf16 else 'float32'}",
-    ]  # fmt: skip
+    ]
     env = {
-        **os.environ, "PREFECT_HOME": str(root / "prefect"), "PREFECT_LOGGING_LEVEL": "WARNING",
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "RLANYTHING_PROGRESS": "0", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+        **os.environ,
+        "PREFECT_HOME": str(root / "prefect"),
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "RLANYTHING_PROGRESS": "0",
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         "OMP_NUM_THREADS": str(torch.get_num_threads()),
-    }  # fmt: skip
-    cli = [sys.executable, "-c", "from rlanything.cli import app; app()", "train", "--config", str(CONFIG),
-           "--iterations", str(args.iterations), *[a for s in sets for a in ("--set", s)]]  # fmt: skip
+    }
+    cli = [
+        sys.executable,
+        "-c",
+        "from rlanything.cli import app; app()",
+        "train",
+        "--config",
+        str(CONFIG),
+        "--iterations",
+        str(args.iterations),
+        *[a for s in sets for a in ("--set", s)],
+    ]
     proc = subprocess.run(cli, cwd=root, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"flow run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -214,11 +281,16 @@ def run_flow(args, tmp: Path) -> list[dict]:
     for it in range(args.iterations):
         summary = json.loads((root / "bench-trl" / f"iter_{it:04d}" / "summary.json").read_text())
         steps = {k[len("time/") : -2]: v for k, v in summary.items() if k.startswith("time/") and k.endswith("_s")}
-        out.append({
-            "policy_s": sum(steps.get(s, 0.0) for s in POLICY_STEPS), "all_s": sum(steps.values()),
-            "gen_tokens": summary.get("tokens/policy_response", 0), "steps": steps,
-            "trained": summary.get("policy/samples", 0), "accuracy": summary.get("accuracy", 0.0),
-        })  # fmt: skip
+        out.append(
+            {
+                "policy_s": sum(steps.get(s, 0.0) for s in POLICY_STEPS),
+                "all_s": sum(steps.values()),
+                "gen_tokens": summary.get("tokens/policy_response", 0),
+                "steps": steps,
+                "trained": summary.get("policy/samples", 0),
+                "accuracy": summary.get("accuracy", 0.0),
+            }
+        )
     return out
 
 
@@ -239,15 +311,21 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="bf16 weights on both sides")
     parser.add_argument("--train-all", action="store_true", help="ours trains every sample, as TRL does")
     parser.add_argument("--flow", action="store_true", help="also time `rlanything train` (lam=0)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads on both sides (default torch's; 1 holds up better on a loaded machine)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads on both sides (default torch's; 1 holds up better on a loaded machine)",
+    )
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--trl-venv", default=None, help="default $RLANYTHING_TRL_VENV or ~/.cache/rlanything/trl-venv")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    header(f"outcome-only GRPO iteration vs TRL GRPOTrainer: SmolLM2-135M, {args.prompts} prompts × G={args.group}, "
-           f"{args.new_tokens} new tokens, T=1.0, {'bf16' if args.bf16 else 'fp32'}, {args.iterations} iterations (1 warm-up)")  # fmt: skip
+    header(
+        f"outcome-only GRPO iteration vs TRL GRPOTrainer: SmolLM2-135M, {args.prompts} prompts × G={args.group}, "
+        f"{args.new_tokens} new tokens, T=1.0, {'bf16' if args.bf16 else 'fp32'}, {args.iterations} iterations (1 warm-up)"
+    )
     specs, prompts, fallback = workload(args.prompts * args.iterations, args.seed)
     python = None if args.skip_trl else ensure_trl_venv(trl_venv(args.trl_venv))
 
@@ -260,45 +338,65 @@ def main() -> None:
             trl = run_trl(args, python, specs, prompts, fallback, Path(tmp))
             loads.append(load())
             results["trl"] = {
-                "s": med(trl["step_s"]), "tokens": med(trl["gen_tokens"]), "gen_s": med(trl["gen_s"]),
-                "trained": trl["trained_samples"], "acc": statistics.mean(trl["accuracy"]),
+                "s": med(trl["step_s"]),
+                "tokens": med(trl["gen_tokens"]),
+                "gen_s": med(trl["gen_s"]),
+                "trained": trl["trained_samples"],
+                "acc": statistics.mean(trl["accuracy"]),
                 "load": f"{loads[1]} → {loads[2]}",
                 "detail": f"generate {med(trl['gen_s']):.1f} + rest {med(trl['step_s']) - med(trl['gen_s']):.1f} "
-                          f"(TRL {trl['trl']}, transformers {trl['transformers']}, torch {trl['torch']})",
-            }  # fmt: skip
+                f"(TRL {trl['trl']}, transformers {trl['transformers']}, torch {trl['torch']})",
+            }
             # ours again after TRL: the load of a shared machine drifts, so ours brackets TRL
             rounds.append(run_ours(args, specs, fallback))
             loads.append(load())
         kept = [r for rnd in rounds for r in (rnd[1:] if len(rnd) > 1 else rnd)]  # each round's first: warm-up
         mid = {k: statistics.median(r[k] for r in kept) for k in kept[0]}
-        results = {"ours": {
-            "s": mid["step_s"], "tokens": mid["gen_tokens"], "gen_s": mid["gen_s"], "trained": mid["trained"],
-            "acc": statistics.mean(r["accuracy"] for rnd in rounds for r in rnd),
-            "load": "; ".join(f"{loads[i]} → {loads[i + 1]}" for i in range(0, len(loads) - 1, 2)),
-            "detail": f"generate {mid['gen_s']:.1f} + verify {mid['verify_s']:.2f} + advantages {mid['adv_s']:.2f} "
-                      f"+ update {mid['update_s']:.1f}; s/iter before, after TRL: "
-                      + ", ".join(f"{med([r['step_s'] for r in rnd]):.1f}" for rnd in rounds),
-        }, **results}  # fmt: skip
+        results = {
+            "ours": {
+                "s": mid["step_s"],
+                "tokens": mid["gen_tokens"],
+                "gen_s": mid["gen_s"],
+                "trained": mid["trained"],
+                "acc": statistics.mean(r["accuracy"] for rnd in rounds for r in rnd),
+                "load": "; ".join(f"{loads[i]} → {loads[i + 1]}" for i in range(0, len(loads) - 1, 2)),
+                "detail": f"generate {mid['gen_s']:.1f} + verify {mid['verify_s']:.2f} + advantages {mid['adv_s']:.2f} "
+                f"+ update {mid['update_s']:.1f}; s/iter before, after TRL: "
+                + ", ".join(f"{med([r['step_s'] for r in rnd]):.1f}" for rnd in rounds),
+            },
+            **results,
+        }
         if args.flow:
             load_before = load()
             flow = run_flow(args, Path(tmp))
             tokens = med([r["gen_tokens"] for r in flow])
             results["flow-policy"] = {
-                "s": med([r["policy_s"] for r in flow]), "tokens": tokens, "gen_s": med([r["steps"]["rollout"] for r in flow]),
-                "trained": med([r["trained"] for r in flow]), "acc": statistics.mean(r["accuracy"] for r in flow),
+                "s": med([r["policy_s"] for r in flow]),
+                "tokens": tokens,
+                "gen_s": med([r["steps"]["rollout"] for r in flow]),
+                "trained": med([r["trained"] for r in flow]),
+                "acc": statistics.mean(r["accuracy"] for r in flow),
                 "load": f"{load_before} → {load()}",
                 "detail": ", ".join(f"{k} {med([r['steps'].get(k, 0.0) for r in flow]):.1f}" for k in POLICY_STEPS),
-            }  # fmt: skip
+            }
             results["flow-all"] = {
-                **results["flow-policy"], "s": med([r["all_s"] for r in flow]),
-                "detail": "all seven steps, incl. " + ", ".join(
-                    f"{k} {med([r['steps'].get(k, 0.0) for r in flow]):.1f}" for k in ("rm_score", "rm_update", "adapt_tasks")),
-            }  # fmt: skip
+                **results["flow-policy"],
+                "s": med([r["all_s"] for r in flow]),
+                "detail": "all seven steps, incl. "
+                + ", ".join(
+                    f"{k} {med([r['steps'].get(k, 0.0) for r in flow]):.1f}"
+                    for k in ("rm_score", "rm_update", "adapt_tasks")
+                ),
+            }
 
-    print(f"   {'side':12s} {'s/iter':>7s} {'gen tok':>7s} {'tok/s':>6s} {'gen tok/s':>9s} {'trained':>7s} {'acc':>5s}  load avg")
+    print(
+        f"   {'side':12s} {'s/iter':>7s} {'gen tok':>7s} {'tok/s':>6s} {'gen tok/s':>9s} {'trained':>7s} {'acc':>5s}  load avg"
+    )
     for name, r in results.items():
-        print(f"   {name:12s} {r['s']:7.1f} {r['tokens']:7.0f} {r['tokens'] / r['s']:6.1f} "
-              f"{r['tokens'] / r['gen_s']:9.1f} {r['trained']:7.0f} {r['acc']:5.2f}  {r['load']}")  # fmt: skip
+        print(
+            f"   {name:12s} {r['s']:7.1f} {r['tokens']:7.0f} {r['tokens'] / r['s']:6.1f} "
+            f"{r['tokens'] / r['gen_s']:9.1f} {r['trained']:7.0f} {r['acc']:5.2f}  {r['load']}"
+        )
         print(f"   {'':12s} {r['detail']}")
     if "trl" in results:
         trl_tps = results["trl"]["tokens"] / results["trl"]["s"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -23,8 +23,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console()
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config (see configs/).")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override: section.key=value (repeatable).")]
-ItersOpt = Annotated[Optional[int], typer.Option("--iterations", "-n", help="Iterations (default: run.iterations).")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: section.key=value (repeatable).")]
+ItersOpt = Annotated[int | None, typer.Option("--iterations", "-n", help="Iterations (default: run.iterations).")]
 
 
 EXIT_FAILED, EXIT_USAGE, EXIT_BUSY = 1, 2, 3
@@ -73,7 +73,7 @@ def _guard_prefect_server() -> None:
         raise RuntimeError("Prefect's temporary server is not the one started here")
 
 
-def _run(config_path: Path, overrides: list[str], iterations: Optional[int]) -> None:
+def _run(config_path: Path, overrides: list[str], iterations: int | None) -> None:
     try:
         config = load_config(config_path, overrides)  # fail fast, before Prefect starts
     except ConfigError as err:
@@ -108,7 +108,9 @@ def train(config: ConfigOpt, set_: SetOpt = None, iterations: ItersOpt = None) -
 
 
 @app.command(epilog="Example: rlanything resume tiny --iterations 5")
-def resume(run: Annotated[str, typer.Argument(help="Run folder, or a run name under ./runs.")], iterations: ItersOpt = None) -> None:
+def resume(
+    run: Annotated[str, typer.Argument(help="Run folder, or a run name under ./runs.")], iterations: ItersOpt = None
+) -> None:
     """Continue a failed, killed or finished run: finished steps are not redone.
 
     Uses the run's saved config. Finished iterations are skipped; in an unfinished one, the
@@ -131,7 +133,7 @@ def resume(run: Annotated[str, typer.Argument(help="Run folder, or a run name un
 @app.command(epilog="Example: rlanything tasks tiny --lineage 3")
 def tasks(
     run: Annotated[str, typer.Argument(help="Run folder, or a run name under ./runs.")],
-    lineage: Annotated[Optional[int], typer.Option("--lineage", help="Show every version of this slot.")] = None,
+    lineage: Annotated[int | None, typer.Option("--lineage", help="Show every version of this slot.")] = None,
 ) -> None:
     """Print a run's task buffer (latest snapshot), or one slot's version history."""
     from rlanything.storage.buffer import lineage as slot_lineage
@@ -148,8 +150,18 @@ def tasks(
             _fail(f"slot {lineage} does not exist in {snapshots[-1]}")
     title = f"{run_dir.name}: {snapshots[-1].name}" + (f", slot {lineage}" if lineage is not None else "")
     table = Table(title=title)
-    columns = ["task_id", "parent_id", "status", "direction", "accuracy", "parent_accuracy", "decision",
-               "created_iter", "decided_iter", "spec"]  # fmt: skip
+    columns = [
+        "task_id",
+        "parent_id",
+        "status",
+        "direction",
+        "accuracy",
+        "parent_accuracy",
+        "decision",
+        "created_iter",
+        "decided_iter",
+        "spec",
+    ]
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in buffer[columns].itertuples(index=False):
@@ -157,16 +169,30 @@ def tasks(
     console.print(table)
 
 
-@app.command("eval", epilog="Examples: rlanything eval tiny@1 --problems 64 ;  rlanything eval builtin:smollm2-135m-instruct -c configs/smollm2-arith.yaml")
+@app.command(
+    "eval",
+    epilog="Examples: rlanything eval tiny@1 --problems 64 ;  rlanything eval builtin:smollm2-135m-instruct -c configs/smollm2-arith.yaml",
+)
 def evaluate(
-    target: Annotated[str, typer.Argument(help="RUN[@ITERATION|@base] (a run folder or a name under ./runs; default: "
-                                               "its newest checkpoint), or a model folder / builtin:NAME (needs -c).")],
-    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config giving the environment "
-                                                   "(default for a run: its own config.yaml).")] = None,
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="RUN[@ITERATION|@base] (a run folder or a name under ./runs; default: "
+            "its newest checkpoint), or a model folder / builtin:NAME (needs -c)."
+        ),
+    ],
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="YAML config giving the environment (default for a run: its own config.yaml)."
+        ),
+    ] = None,
     set_: SetOpt = None,
     split: Annotated[str, typer.Option(help="in_domain, ood, or all (the config's eval.splits).")] = "all",
-    problems: Annotated[Optional[int], typer.Option("--problems", "-p", min=1, help="Held-out problems per split "
-                                                    "(default: eval.problems).")] = None,
+    problems: Annotated[
+        int | None,
+        typer.Option("--problems", "-p", min=1, help="Held-out problems per split (default: eval.problems)."),
+    ] = None,
 ) -> None:
     """Greedy success rate of a policy on held-out problems, with 95% intervals.
 
@@ -186,15 +212,22 @@ def evaluate(
         _fail(str(err))
     except Exception as err:
         _fail(f"the evaluation stopped: {type(err).__name__}: {err}", EXIT_FAILED)
-    from rlanything.reports.eval import pct, ci_text
+    from rlanything.reports.eval import ci_text, pct
 
     table = Table(title=f"rlanything eval: {target} (greedy, {result['summary'][0]['env_kind']})")
     for column in ("split", "n", "accuracy [95% CI]", "strict (boxed)", "fallback", "format rate", "env errors"):
         table.add_column(column)
     for row in result["summary"]:
         row = {k: (float("nan") if v is None else v) for k, v in row.items()}
-        table.add_row(row["split"], str(int(row["n"])), ci_text(row), pct(row["strict_accuracy"]),
-                      pct(row["fallback_accuracy"]), pct(row["format_rate"]), str(int(row["env_errors"])))  # fmt: skip
+        table.add_row(
+            row["split"],
+            str(int(row["n"])),
+            ci_text(row),
+            pct(row["strict_accuracy"]),
+            pct(row["fallback_accuracy"]),
+            pct(row["format_rate"]),
+            str(int(row["env_errors"])),
+        )
     console.print(table)
     console.print(f"episodes, summary.md, eval.png: {result['out_dir']}   MLflow run {result['mlflow_run_id']}")
 
@@ -230,8 +263,8 @@ def serve(
     set_: SetOpt = None,
     iterations: ItersOpt = None,
     name: Annotated[str, typer.Option(help="Deployment name: rlanything-train/<name>.")] = "train",
-    cron: Annotated[Optional[str], typer.Option(help="Schedule: a cron string, e.g. '0 3 * * *'.")] = None,
-    interval: Annotated[Optional[int], typer.Option(help="Schedule: every N seconds.")] = None,
+    cron: Annotated[str | None, typer.Option(help="Schedule: a cron string, e.g. '0 3 * * *'.")] = None,
+    interval: Annotated[int | None, typer.Option(help="Schedule: every N seconds.")] = None,
     root: ServerRoot = Path("runs"),
 ) -> None:
     """Deploy the training flow to the Prefect UI and run what it starts (or a schedule).
@@ -250,8 +283,18 @@ def serve(
     if not url:
         _fail("no Prefect server: run `rlanything server start` first, or set PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = url  # before Prefect is imported
-    console.print(f"serving rlanything-train/{name} on {url.removesuffix('/api')} (Ctrl-C or `rlanything server stop` ends it)")
-    servers.serve_training(root, config_path=str(config), overrides=set_ or [], iterations=iterations, name=name, cron=cron, interval=interval)
+    console.print(
+        f"serving rlanything-train/{name} on {url.removesuffix('/api')} (Ctrl-C or `rlanything server stop` ends it)"
+    )
+    servers.serve_training(
+        root,
+        config_path=str(config),
+        overrides=set_ or [],
+        iterations=iterations,
+        name=name,
+        cron=cron,
+        interval=interval,
+    )
 
 
 server_app = typer.Typer(no_args_is_help=True, help="Local Prefect server and MLflow UI (127.0.0.1, SQLite).")
@@ -263,14 +306,18 @@ def server_start(
     root: ServerRoot = Path("runs"),
     prefect_port: Annotated[int, typer.Option(help="Prefect UI/API port.")] = 4200,
     mlflow_port: Annotated[int, typer.Option(help="MLflow UI port.")] = 5000,
-    mlflow_uri: Annotated[Optional[str], typer.Option(help="MLflow backend store (default: sqlite ROOT/mlflow.db).")] = None,
+    mlflow_uri: Annotated[
+        str | None, typer.Option(help="MLflow backend store (default: sqlite ROOT/mlflow.db).")
+    ] = None,
 ) -> None:
     """Start the Prefect server and the MLflow UI in the background; return once both answer."""
     from rlanything.flows import servers
 
     try:
         with console.status("starting the Prefect server and the MLflow UI (~15-30 s on a fresh database)"):
-            state = servers.start_servers(root, prefect_port=prefect_port, mlflow_port=mlflow_port, mlflow_uri=mlflow_uri)
+            state = servers.start_servers(
+                root, prefect_port=prefect_port, mlflow_port=mlflow_port, mlflow_uri=mlflow_uri
+            )
     except servers.ServerError as err:
         _fail(str(err), EXIT_FAILED)
     console.print(f"Prefect UI  {state['prefect']['url']}   (pid {state['prefect']['pid']})")
@@ -303,7 +350,10 @@ def server_status(root: ServerRoot = Path("runs")) -> None:
     for row in rows:
         answering = "" if row["answering"] is None else ("answering" if row["answering"] else "NOT answering")
         running = "running" if row["running"] else "NOT running"
-        console.print(f"{row['name']:8} pid {row['pid']:<8} {running:12} {answering:14} {row['url']}  log: {row['log']}", soft_wrap=True)
+        console.print(
+            f"{row['name']:8} pid {row['pid']:<8} {running:12} {answering:14} {row['url']}  log: {row['log']}",
+            soft_wrap=True,
+        )
 
 
 if __name__ == "__main__":

@@ -16,8 +16,16 @@ from typing import Any, Literal
 
 import fsspec.core
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from rlanything.storage.layout import STEPS
 
@@ -298,8 +306,14 @@ class AlfWorldOptions(_Section):
     data_path: str | None = None
     """Folder of ALFWorld games (`<ALFWORLD_DATA>/json_2.1.1/train` after `alfworld-download`),
     searched for `*/game.tw-pddl` (kind: alfworld); default `$ALFWORLD_DATA/json_2.1.1/train`."""
-    task_types: list[str] = ["pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
-                             "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place"]  # fmt: skip
+    task_types: list[str] = [
+        "pick_and_place_simple",
+        "look_at_obj_in_light",
+        "pick_clean_then_place_in_recep",
+        "pick_heat_then_place_in_recep",
+        "pick_cool_then_place_in_recep",
+        "pick_two_obj_and_place",
+    ]
     """ALFWorld task types of the initial buffer."""
 
 
@@ -346,10 +360,15 @@ class NoOptions(_Section):
 
 
 ENV_OPTIONS: dict[str, type[BaseModel]] = {
-    "reasoning_gym": ReasoningGymOptions, "miniwob": MiniWoBOptions, "osworld": OSWorldOptions,
-    "textworld": TextWorldOptions, "textworld_express": TextWorldExpressOptions, "alfworld": AlfWorldOptions,
-    "coding": CodingOptions, "first_letter": FirstLetterOptions,
-}  # fmt: skip
+    "reasoning_gym": ReasoningGymOptions,
+    "miniwob": MiniWoBOptions,
+    "osworld": OSWorldOptions,
+    "textworld": TextWorldOptions,
+    "textworld_express": TextWorldExpressOptions,
+    "alfworld": AlfWorldOptions,
+    "coding": CodingOptions,
+    "first_letter": FirstLetterOptions,
+}
 """The built-in environment kinds and their options models (their classes: envs/base.py)."""
 
 
@@ -392,8 +411,10 @@ class EnvConfig(_Section):
     @classmethod
     def _known_kind(cls, kind: str) -> str:
         if kind not in ENV_OPTIONS and ":" not in kind:
-            raise ValueError(f"unknown environment kind {kind!r}: use one of {list(ENV_OPTIONS)} or a plug-in "
-                             "class as 'package.module:ClassName'")  # fmt: skip
+            raise ValueError(
+                f"unknown environment kind {kind!r}: use one of {list(ENV_OPTIONS)} or a plug-in "
+                "class as 'package.module:ClassName'"
+            )
         env_options_model(kind)  # a plug-in that cannot be imported fails here, under env.kind
         return kind
 
@@ -410,8 +431,9 @@ class EnvConfig(_Section):
         if isinstance(value, dict) and model.model_config.get("extra") not in ("forbid", "allow"):
             unknown = sorted(set(value) - set(model.model_fields))  # strict even if the plug-in is not
             if unknown:
-                raise ValueError(f"unknown option(s) {unknown} of {info.data['kind']}; "
-                                 f"its options: {sorted(model.model_fields)}")  # fmt: skip
+                raise ValueError(
+                    f"unknown option(s) {unknown} of {info.data['kind']}; its options: {sorted(model.model_fields)}"
+                )
         return model.model_validate(value)
 
 
@@ -428,7 +450,7 @@ class AlgoConfig(_Section):
     """Accuracy band of tasks whose samples train the policy."""
 
     @model_validator(mode="after")
-    def _ordered(self) -> "AlgoConfig":
+    def _ordered(self) -> AlgoConfig:
         for name in ("band", "policy_band"):
             low, high = getattr(self, name)
             if not 0.0 <= low <= high <= 1.0:
@@ -463,7 +485,7 @@ class TrainConfig(_Section):
     Accelerator (whatever `accelerate config` set as default, e.g. CPU)."""
 
     @model_validator(mode="after")
-    def _launch_needs_accelerate(self) -> "TrainConfig":
+    def _launch_needs_accelerate(self) -> TrainConfig:
         if self.launch and self.backend != "accelerate":
             raise ValueError("launch is only used with backend: accelerate")
         return self
@@ -522,7 +544,7 @@ class Config(_Section):
         return {**data, "env_model": merged}
 
     @model_validator(mode="after")
-    def _vllm_needs_plain_folders(self) -> "Config":
+    def _vllm_needs_plain_folders(self) -> Config:
         for name, section in (("policy", self.policy), ("rm", self.rm)):  # the trained ones
             if section.engine == "vllm" and section.lora.enabled and section.lora.save == "adapter":
                 raise ValueError(f"{name}.engine vllm serves plain weight folders: set {name}.lora.save: merged")
@@ -530,8 +552,10 @@ class Config(_Section):
             if section.engine == "vllm" and section.top_p < 1:
                 raise ValueError(f"{name}.engine vllm records untruncated log-probs only with {name}.top_p: 1")
         if self.rm.engine == "vllm" and self.rm.verdict == "constrained" and self.rm.temperature != 1:
-            raise ValueError("rm.engine vllm scores verdicts at temperature 1 only (its prompt log-probs ignore "
-                             "temperature): use rm.verdict free, rm.temperature 1, or rm.engine transformers")
+            raise ValueError(
+                "rm.engine vllm scores verdicts at temperature 1 only (its prompt log-probs ignore "
+                "temperature): use rm.verdict free, rm.temperature 1, or rm.engine transformers"
+            )
         return self
 
     @property
@@ -580,9 +604,13 @@ def apply_override(data: dict[str, Any], override: str) -> None:
 
 # Keys of the layout before environment options were keyed on env.kind and the environment
 # model got its own section: (old section, old key) -> (new section, new key).
-_MOVED = {("env", "dataset"): ("env.options", "dataset"), ("env", "dataset_config"): ("env.options", "dataset_config"),
-          ("adapt", "model"): ("env_model", "model"), ("adapt", "max_new_tokens"): ("env_model", "max_new_tokens"),
-          ("adapt", "temperature"): ("env_model", "temperature")}  # fmt: skip
+_MOVED = {
+    ("env", "dataset"): ("env.options", "dataset"),
+    ("env", "dataset_config"): ("env.options", "dataset_config"),
+    ("adapt", "model"): ("env_model", "model"),
+    ("adapt", "max_new_tokens"): ("env_model", "max_new_tokens"),
+    ("adapt", "temperature"): ("env_model", "temperature"),
+}
 _RENAMED_OPTIONS = {("textworld", "options"): "tw_make"}
 
 
@@ -634,8 +662,10 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
         apply_override(data, override)
     moved = migrate(data)
     if moved:
-        log.warning("the config uses the old layout; read as the new one (update the file or overrides):\n  %s",
-                    "\n  ".join(moved))  # fmt: skip
+        log.warning(
+            "the config uses the old layout; read as the new one (update the file or overrides):\n  %s",
+            "\n  ".join(moved),
+        )
     try:
         return Config.model_validate(data)
     except ValidationError as err:

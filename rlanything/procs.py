@@ -95,9 +95,12 @@ def _tell(line: str) -> None:
     with _lock:
         if _watchdog is None or _watchdog.poll() is not None:
             _watchdog = subprocess.Popen(
-                [sys.executable, "-S", "-c", WATCHDOG], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True,  # Ctrl-C and group kills do not reach it
-            )  # fmt: skip
+                [sys.executable, "-S", "-c", WATCHDOG],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C and group kills do not reach it
+            )
         try:
             os.write(_watchdog.stdin.fileno(), f"{line}\n".encode())  # < PIPE_BUF: one atomic write
         except OSError:  # it died under us: a fresh one next time

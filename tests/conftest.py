@@ -49,8 +49,13 @@ def prefect_api_url(prefect_server) -> str:
 @pytest.fixture(scope="session")
 def small_overrides() -> list[str]:
     """configs/tiny.yaml at its smallest: 2 problems × 2 rollouts, rule-based rewrites."""
-    return ["env.num_problems=2", "policy.tasks_per_iteration=2", "policy.group_size=2",
-            "adapt.rewriter=rule", "adapt.critic=extractive"]  # fmt: skip
+    return [
+        "env.num_problems=2",
+        "policy.tasks_per_iteration=2",
+        "policy.group_size=2",
+        "adapt.rewriter=rule",
+        "adapt.critic=extractive",
+    ]
 
 
 @pytest.fixture(scope="session")

@@ -54,7 +54,9 @@ def test_the_run_lock_is_reentrant_here_and_exclusive_across_processes(tmp_path)
     other = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert other.stdout.readline().strip() == "held"
-        with pytest.raises(RunBusyError, match=rf"already being trained or resumed by another process \(pid {other.pid} "):
+        with pytest.raises(
+            RunBusyError, match=rf"already being trained or resumed by another process \(pid {other.pid} "
+        ):
             with run_lock(run_dir):
                 pass
     finally:
@@ -94,8 +96,14 @@ def test_prefect_yaml_deploys_the_training_flow(prefect_api_url):
         if not any(p.name == "rlanything" for p in client.read_work_pools()):
             client.create_work_pool(WorkPoolCreate(name="rlanything", type="process"))
     env = {**os.environ, "PREFECT_API_URL": prefect_api_url, "COLUMNS": "200"}
-    done = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", "train"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", "train"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("rlanything-train/train")
@@ -162,8 +170,18 @@ def test_every_command_shows_an_example_in_its_help():
 
     from rlanything.cli import app
 
-    commands = ["train", "resume", "tasks", "eval", "config", "prepare", "serve",
-                "server start", "server stop", "server status"]  # fmt: skip
+    commands = [
+        "train",
+        "resume",
+        "tasks",
+        "eval",
+        "config",
+        "prepare",
+        "serve",
+        "server start",
+        "server stop",
+        "server status",
+    ]
     for command in commands:
         result = CliRunner().invoke(app, [*command.split(), "--help"], terminal_width=200)
         assert result.exit_code == 0, (command, result.output)

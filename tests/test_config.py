@@ -1,13 +1,20 @@
-from pathlib import Path
-
 import logging
+from pathlib import Path
 
 import pytest
 import yaml
 from pydantic import BaseModel
 
-from rlanything.config import (ENV_OPTIONS, Config, ConfigError, TextWorldOptions, build_config, flatten, load_config,
-                               save_config)
+from rlanything.config import (
+    ENV_OPTIONS,
+    Config,
+    ConfigError,
+    TextWorldOptions,
+    build_config,
+    flatten,
+    load_config,
+    save_config,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "custom_env"
@@ -132,12 +139,23 @@ def test_policy_rm_and_env_model_share_one_section_type():
 
 
 def test_env_model_defaults_to_the_policy_base_and_its_engine_settings():
-    policy = {"model": "builtin:tiny-random", "engine": "transformers", "device": "cpu", "dtype": "bfloat16",
-              "batch_size": 5, "kv_reuse_gb": 0.5}  # fmt: skip
+    policy = {
+        "model": "builtin:tiny-random",
+        "engine": "transformers",
+        "device": "cpu",
+        "dtype": "bfloat16",
+        "batch_size": 5,
+        "kv_reuse_gb": 0.5,
+    }
     config = build_config({"policy": policy})
     env_model = config.env_model
     assert (env_model.model, env_model.device, env_model.dtype, env_model.batch_size, env_model.kv_reuse_gb) == (
-        "builtin:tiny-random", "cpu", "bfloat16", 5, 0.5)  # fmt: skip
+        "builtin:tiny-random",
+        "cpu",
+        "bfloat16",
+        5,
+        0.5,
+    )
     assert env_model.temperature == 0.7  # its own sampling defaults, not the policy's
     own = build_config({"policy": policy, "env_model": {"dtype": "float32", "batch_size": 3, "model": "/models/x"}})
     assert (own.env_model.dtype, own.env_model.batch_size, own.env_model.model) == ("float32", 3, "/models/x")
@@ -194,21 +212,34 @@ def test_options_dump_and_digest_follow_the_kind():
 
 
 def test_old_keys_are_migrated_with_a_warning_that_says_what_changed(caplog):
-    old = {"env": {"kind": "textworld", "dataset": "basic_arithmetic", "dataset_config": {},
-                   "textworld": {"game": "custom", "options": {"world_size": 1}, "games_dir": "/tmp/g"},
-                   "miniwob": {"pool_size": 2}},
-           "adapt": {"model": "builtin:tiny-random", "max_new_tokens": 99, "temperature": 0.5,
-                     "rewriter": "rule"}}  # fmt: skip
+    old = {
+        "env": {
+            "kind": "textworld",
+            "dataset": "basic_arithmetic",
+            "dataset_config": {},
+            "textworld": {"game": "custom", "options": {"world_size": 1}, "games_dir": "/tmp/g"},
+            "miniwob": {"pool_size": 2},
+        },
+        "adapt": {"model": "builtin:tiny-random", "max_new_tokens": 99, "temperature": 0.5, "rewriter": "rule"},
+    }
     with caplog.at_level(logging.WARNING, logger="rlanything.config"):
         config = build_config(old)
     assert config.env.options == TextWorldOptions(game="custom", tw_make={"world_size": 1}, games_dir="/tmp/g")
     assert (config.env_model.model, config.env_model.max_new_tokens, config.env_model.temperature) == (
-        "builtin:tiny-random", 99, 0.5)  # fmt: skip
+        "builtin:tiny-random",
+        99,
+        0.5,
+    )
     assert config.adapt.rewriter == "rule"
     text = caplog.text
-    for line in ("env.textworld.options -> env.options.tw_make", "env.textworld.game -> env.options.game",
-                 "adapt.model -> env_model.model", "adapt.max_new_tokens -> env_model.max_new_tokens",
-                 "env.dataset dropped", "env.miniwob dropped (options of kind miniwob; env.kind is textworld)"):
+    for line in (
+        "env.textworld.options -> env.options.tw_make",
+        "env.textworld.game -> env.options.game",
+        "adapt.model -> env_model.model",
+        "adapt.max_new_tokens -> env_model.max_new_tokens",
+        "env.dataset dropped",
+        "env.miniwob dropped (options of kind miniwob; env.kind is textworld)",
+    ):
         assert line in text, line
 
 

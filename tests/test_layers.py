@@ -89,19 +89,22 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_checker_catches_each_kind_of_violation(tmp_path):
-    package = _tree(tmp_path, {
-        "__init__.py": "",
-        "algo/advantages.py": "import numpy\nfrom rlanything.storage import layout\n",
-        "algo/rewards.py": "from . import advantages\nfrom ..envs import base\n",
-        "envs/textworld.py": "def f():\n    from rlanything.models.loading import cache_dir\n",
-        "storage/buffer.py": "from prefect import task\nfrom rlanything.algo import curriculum\n",
-        "models/adaptation.py": "from rlanything import flows\n",
-        "reports/iteration.py": "import rlanything.tasks.common\n",
-        "config.py": "from rlanything.storage.layout import STEPS\nfrom rlanything.models import engine\n",
-        "tasks/common.py": "import prefect\nfrom rlanything.flows.runlock import run_lock\n",
-        "flows/iteration.py": "import prefect\nfrom rlanything.flows import steps\nfrom rlanything.tasks import common\n",
-        "cli.py": "from rlanything.flows import training\n",
-    })  # fmt: skip
+    package = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "algo/advantages.py": "import numpy\nfrom rlanything.storage import layout\n",
+            "algo/rewards.py": "from . import advantages\nfrom ..envs import base\n",
+            "envs/textworld.py": "def f():\n    from rlanything.models.loading import cache_dir\n",
+            "storage/buffer.py": "from prefect import task\nfrom rlanything.algo import curriculum\n",
+            "models/adaptation.py": "from rlanything import flows\n",
+            "reports/iteration.py": "import rlanything.tasks.common\n",
+            "config.py": "from rlanything.storage.layout import STEPS\nfrom rlanything.models import engine\n",
+            "tasks/common.py": "import prefect\nfrom rlanything.flows.runlock import run_lock\n",
+            "flows/iteration.py": "import prefect\nfrom rlanything.flows import steps\nfrom rlanything.tasks import common\n",
+            "cli.py": "from rlanything.flows import training\n",
+        },
+    )
     found = layer_violations(package)
     expected = [
         "rlanything/algo/advantages.py:2 imports rlanything.storage: algo imports nothing of ours",
@@ -118,9 +121,19 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
 
 # ---------------------------------------------------------------- importing sets no environment variable
 
-LIBRARY_MODULES = ["rlanything", "rlanything.config", "rlanything.algo", "rlanything.envs", "rlanything.models.engine",
-                   "rlanything.envs.verification", "rlanything.agent.rollout", "rlanything.algo.samples",
-                   "rlanything.storage.artifacts", "rlanything.models.task_adaptation", "rlanything.reports.iteration"]  # fmt: skip
+LIBRARY_MODULES = [
+    "rlanything",
+    "rlanything.config",
+    "rlanything.algo",
+    "rlanything.envs",
+    "rlanything.models.engine",
+    "rlanything.envs.verification",
+    "rlanything.agent.rollout",
+    "rlanything.algo.samples",
+    "rlanything.storage.artifacts",
+    "rlanything.models.task_adaptation",
+    "rlanything.reports.iteration",
+]
 
 
 @pytest.mark.parametrize("module", LIBRARY_MODULES)
@@ -130,16 +143,29 @@ def test_importing_the_library_changes_no_environment_variable(module):
         "print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "HF_", "TRANSFORMERS_"))}
-    out = subprocess.run([sys.executable, "-c", code, module], env={**env, "PYTHONPATH": str(PACKAGE.parent)},
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code, module],
+        env={**env, "PYTHONPATH": str(PACKAGE.parent)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "{}", out.stdout + out.stderr
 
 
 def test_the_cli_and_flows_set_the_prefect_defaults_and_the_user_wins():
     code = "import os, rlanything.flows; print(os.environ['PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS'])"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    run = lambda extra: subprocess.run([sys.executable, "-c", code], env={**env, **extra, "PYTHONPATH": str(PACKAGE.parent)},  # noqa: E731
-                                       capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+
+    def run(extra: dict) -> str:
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            env={**env, **extra, "PYTHONPATH": str(PACKAGE.parent)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
     assert run({}) == "120"
     assert run({"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "45"}) == "45"
 
@@ -153,8 +179,11 @@ def test_the_iteration_flow_calls_the_steps_in_the_declared_order():
 
     tree = ast.parse(Path(iteration.__file__).read_text())
     [flow] = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "iteration_flow"]
-    called = [getattr(iteration, c.args[0].id).name for c in ast.walk(flow)
-              if isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == "step"]  # fmt: skip
+    called = [
+        getattr(iteration, c.args[0].id).name
+        for c in ast.walk(flow)
+        if isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == "step"
+    ]
     assert tuple(called) == STEPS
 
 
@@ -173,9 +202,14 @@ def test_every_reader_of_the_steps_follows_the_declaration():
         build_config({"run": {"step_deployments": {"reflect": "rlanything-step/x"}}})
     assert {a for step in PIPELINE for a in step.artifacts} == set(ARTIFACTS)  # every artifact has its schema
     layout = RunLayout(Path("/r"))
-    assert layout.step_outputs(2, "policy_update") == [Path("/r/iter_0002/policy_update.parquet"),
-                                                        Path("/r/checkpoints/policy/iter_0002/config.json")]  # fmt: skip
-    assert layout.step_outputs(2, "adapt_tasks") == [Path("/r/iter_0002/adaptation.parquet"), Path("/r/tasks/v0003.parquet")]
+    assert layout.step_outputs(2, "policy_update") == [
+        Path("/r/iter_0002/policy_update.parquet"),
+        Path("/r/checkpoints/policy/iter_0002/config.json"),
+    ]
+    assert layout.step_outputs(2, "adapt_tasks") == [
+        Path("/r/iter_0002/adaptation.parquet"),
+        Path("/r/tasks/v0003.parquet"),
+    ]
     with pytest.raises(ValueError, match="unknown step"):
         layout.step_outputs(0, "reflect")
     assert parse_fault("raise:adapt_tasks") == ("raise", "adapt_tasks", None, "start")

@@ -86,8 +86,14 @@ PARENT = textwrap.dedent("""
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
 def test_guarded_children_and_grandchildren_die_with_their_parent(signum):
-    proc = subprocess.Popen([sys.executable, "-c", PARENT], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PARENT],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         # sh, its three sleeps (one in a session of its own), the SIGTERM-ignoring python, the watchdog
@@ -122,11 +128,26 @@ def test_killed_training_process_leaves_no_process_behind(tmp_path, signum):
     which ignores SIGTERM); killed alone while that server starts, it must take it along."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RLANYTHING_FAULT"}
     env.update(PYTHONPATH=str(REPO), RLANYTHING_PROGRESS="0")
-    command = [sys.executable, "-m", "rlanything.cli", "train", "-c", str(REPO / "configs" / "tiny.yaml"),
-               "--set", f"run.root={tmp_path}", "--set", "env.num_problems=2",
-               "--set", "policy.tasks_per_iteration=2", "--set", "policy.group_size=2"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "rlanything.cli",
+        "train",
+        "-c",
+        str(REPO / "configs" / "tiny.yaml"),
+        "--set",
+        f"run.root={tmp_path}",
+        "--set",
+        "env.num_problems=2",
+        "--set",
+        "policy.tasks_per_iteration=2",
+        "--set",
+        "policy.group_size=2",
+    ]
     with open(tmp_path / "train.log", "w") as log:
-        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     tree: list[int] = []
 
     def uvicorn(pids: list[int]) -> bool:
@@ -156,13 +177,19 @@ BROWSER_PARENT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")), reason="no Chromium (make system-deps)")
+@pytest.mark.skipif(
+    not (shutil.which("chromium") and shutil.which("chromedriver")), reason="no Chromium (make system-deps)"
+)
 def test_browsers_die_with_the_process_that_launched_them():
     """ChromeDriver and every Chromium process (ChromeDriver's children, our grandchildren)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", BROWSER_PARENT, shutil.which("chromium"), shutil.which("chromedriver")], cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        [sys.executable, "-c", BROWSER_PARENT, shutil.which("chromium"), shutil.which("chromedriver")],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     tree: list[int] = []
     try:
         assert proc.stdout.readline().strip() == "ready"

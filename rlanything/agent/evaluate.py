@@ -19,12 +19,13 @@ are kept apart from training); `heldout_problems` also drops any spec the run's 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from rlanything.agent.rollout import play
 from rlanything.envs.base import Environment, make_env, replayable
 from rlanything.envs.heldout import drop_trained, heldout_specs
 from rlanything.models.engine import GenerationEngine
-from rlanything.agent.rollout import play
 
 
 class ScoredEnv:
@@ -72,9 +73,16 @@ def heldout_problems(env_config, split: str, n: int, run_seed: int, trained: lis
 
 
 def play_greedy(
-    engine: GenerationEngine, tokenizer, env_config, specs: list[dict], split: str, *, max_new_tokens: int,
-    seed: int = 0, make: Callable[[], Environment] | None = None,
-) -> list[dict]:  # fmt: skip
+    engine: GenerationEngine,
+    tokenizer,
+    env_config,
+    specs: list[dict],
+    split: str,
+    *,
+    max_new_tokens: int,
+    seed: int = 0,
+    make: Callable[[], Environment] | None = None,
+) -> list[dict]:
     """Play each spec once, greedily -> one row per episode (see `episode_row`)."""
     envs: list[ScoredEnv] = []
 
@@ -83,13 +91,23 @@ def play_greedy(
         envs.append(env)  # play creates them in task order, one per task (group size 1)
         return env
 
-    tasks = [{"task_id": f"{split}-{k:05d}", "slot": k, "version": 0, "spec": spec, "pending": False}
-             for k, spec in enumerate(specs)]  # fmt: skip
+    tasks = [
+        {"task_id": f"{split}-{k:05d}", "slot": k, "version": 0, "spec": spec, "pending": False}
+        for k, spec in enumerate(specs)
+    ]
     steps, trajectories = play(
-        engine, tokenizer, new_env, tasks, group_size=1, max_steps=env_config.max_steps,
-        max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, seed=seed,
+        engine,
+        tokenizer,
+        new_env,
+        tasks,
+        group_size=1,
+        max_steps=env_config.max_steps,
+        max_new_tokens=max_new_tokens,
+        temperature=0.0,
+        top_p=1.0,
+        seed=seed,
         answer_fallback=env_config.answer_fallback,
-    )  # fmt: skip
+    )
     by_traj: dict[int, list[dict]] = {}
     for row in steps:
         by_traj.setdefault(row["traj_id"], []).append(row)
@@ -114,13 +132,23 @@ def episode_row(split: str, kind: str, index: int, spec: dict, traj: dict, steps
     fallback_steps = sum(s == "last_number" for s in statuses)
     success = valid and outcome == 1
     return {
-        "split": split, "env_kind": kind, "problem_idx": index, "spec": json.dumps(spec, sort_keys=True),
-        "first_observation": traj["first_observation"], "outcome": outcome, "valid": valid,
-        "success": success, "strict_success": success and fallback_steps == 0,
-        "boxed": bool(statuses) and all(s == "ok" for s in statuses), "fallback_steps": fallback_steps,
-        "num_steps": len(steps), "termination": termination, "error": error,
+        "split": split,
+        "env_kind": kind,
+        "problem_idx": index,
+        "spec": json.dumps(spec, sort_keys=True),
+        "first_observation": traj["first_observation"],
+        "outcome": outcome,
+        "valid": valid,
+        "success": success,
+        "strict_success": success and fallback_steps == 0,
+        "boxed": bool(statuses) and all(s == "ok" for s in statuses),
+        "fallback_steps": fallback_steps,
+        "num_steps": len(steps),
+        "termination": termination,
+        "error": error,
         "prompt_tokens": sum(s["prompt_tokens"] for s in steps),
         "response_tokens": sum(s["response_tokens"] for s in steps),
         "truncated_steps": sum(s["finish_reason"] == "length" for s in steps),
-        "actions": [s["action"] for s in steps], "last_response": steps[-1]["response"] if steps else "",
-    }  # fmt: skip
+        "actions": [s["action"] for s in steps],
+        "last_response": steps[-1]["response"] if steps else "",
+    }

@@ -15,8 +15,9 @@ the end of the live episode (`live_outcome`), since verify cannot replay them.
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from rlanything.algo.parsing import parse_answer
 from rlanything.envs.base import Environment, replayable, screenshot
@@ -84,9 +85,7 @@ def play(
     `prefix_cache` (a fresh one when None) carries the episodes' KV from turn to turn."""
     shot_errors = screenshot_errors if screenshot_errors is not None else []
     episodes = [
-        Episode(t * group_size + r, task, r, make_env())
-        for t, task in enumerate(tasks)
-        for r in range(group_size)
+        Episode(t * group_size + r, task, r, make_env()) for t, task in enumerate(tasks) for r in range(group_size)
     ]
     for ep in episodes:
         first = _env_call(ep, ep.env.reset, ep.task["spec"])
@@ -99,11 +98,17 @@ def play(
         active = [ep for ep in episodes if ep.termination is None]
         if not active:
             break
-        rendered = [render(tokenizer, policy_messages(ep.env.system_prompt, ep.observations, ep.responses)) for ep in active]
+        rendered = [
+            render(tokenizer, policy_messages(ep.env.system_prompt, ep.observations, ep.responses)) for ep in active
+        ]
         gens = engine.generate(
-            [ids for _, ids in rendered], max_new_tokens=max_new_tokens, temperature=temperature,
-            top_p=top_p, seed=seed + 7919 * step_idx, prefix_cache=prefix_cache,
-        )  # fmt: skip
+            [ids for _, ids in rendered],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed + 7919 * step_idx,
+            prefix_cache=prefix_cache,
+        )
         for ep, (prompt, prompt_ids), gen in zip(active, rendered, gens):
             action, status = parse_answer(gen.text, answer_fallback)
             result = _env_call(ep, ep.env.step, action)
@@ -118,24 +123,47 @@ def play(
             shot = _keep_screen(ep, save_screenshot, step_idx, shot_errors)
             if ep.termination == "done" and not replayable(ep.env):
                 ep.live_outcome = _env_call(ep, ep.env.outcome)
-            rows.append({
-                "traj_id": ep.traj_id, "task_id": ep.task["task_id"], "slot": ep.task["slot"],
-                "version": ep.task["version"], "rollout_idx": ep.rollout_idx, "step_idx": step_idx,
-                "prompt": prompt, "response": gen.text, "action": action, "action_status": status,
-                "observation": observation, "done": ep.termination is not None,
-                "finish_reason": gen.finish_reason, "prompt_ids": prompt_ids,
-                "response_ids": gen.token_ids, "logprobs": gen.logprobs,
-                "prompt_tokens": len(prompt_ids), "response_tokens": len(gen.token_ids),
-                "pending": ep.task["pending"], "screenshot": shot,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "traj_id": ep.traj_id,
+                    "task_id": ep.task["task_id"],
+                    "slot": ep.task["slot"],
+                    "version": ep.task["version"],
+                    "rollout_idx": ep.rollout_idx,
+                    "step_idx": step_idx,
+                    "prompt": prompt,
+                    "response": gen.text,
+                    "action": action,
+                    "action_status": status,
+                    "observation": observation,
+                    "done": ep.termination is not None,
+                    "finish_reason": gen.finish_reason,
+                    "prompt_ids": prompt_ids,
+                    "response_ids": gen.token_ids,
+                    "logprobs": gen.logprobs,
+                    "prompt_tokens": len(prompt_ids),
+                    "response_tokens": len(gen.token_ids),
+                    "pending": ep.task["pending"],
+                    "screenshot": shot,
+                }
+            )
     trajectories = []
     for ep in episodes:
         _env_call(ep, ep.env.close)
-        trajectories.append({
-            "traj_id": ep.traj_id, "task_id": ep.task["task_id"], "slot": ep.task["slot"],
-            "version": ep.task["version"], "rollout_idx": ep.rollout_idx,
-            "first_observation": ep.observations[0] if ep.observations else "", "num_steps": len(ep.responses),
-            "termination": ep.termination or "max_steps", "error": ep.error, "pending": ep.task["pending"],
-            "first_screenshot": ep.first_screenshot, "live_outcome": ep.live_outcome,
-        })  # fmt: skip
+        trajectories.append(
+            {
+                "traj_id": ep.traj_id,
+                "task_id": ep.task["task_id"],
+                "slot": ep.task["slot"],
+                "version": ep.task["version"],
+                "rollout_idx": ep.rollout_idx,
+                "first_observation": ep.observations[0] if ep.observations else "",
+                "num_steps": len(ep.responses),
+                "termination": ep.termination or "max_steps",
+                "error": ep.error,
+                "pending": ep.task["pending"],
+                "first_screenshot": ep.first_screenshot,
+                "live_outcome": ep.live_outcome,
+            }
+        )
     return rows, trajectories

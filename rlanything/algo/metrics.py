@@ -75,12 +75,34 @@ def success_summary(episodes: pd.DataFrame, by: list[str]) -> pd.DataFrame:
         low, high = wilson_interval(k, n)
         s_low, s_high = wilson_interval(strict, n)
         accuracy = k / n if n else math.nan
-        rows.append({
-            **dict(zip(by, key)), "n": n, "successes": k, "accuracy": accuracy, "ci_low": low, "ci_high": high,
-            "strict_accuracy": strict / n if n else math.nan, "strict_ci_low": s_low, "strict_ci_high": s_high,
-            "fallback_accuracy": accuracy, "format_rate": rate(valid.boxed.astype(bool)),
-            "env_errors": int((~group.valid.astype(bool)).sum()),
-        })  # fmt: skip
-    columns = [*by, "n", "successes", "accuracy", "ci_low", "ci_high", "strict_accuracy", "strict_ci_low",
-               "strict_ci_high", "fallback_accuracy", "format_rate", "env_errors"]  # fmt: skip
+        rows.append(
+            {
+                **dict(zip(by, key)),
+                "n": n,
+                "successes": k,
+                "accuracy": accuracy,
+                "ci_low": low,
+                "ci_high": high,
+                "strict_accuracy": strict / n if n else math.nan,
+                "strict_ci_low": s_low,
+                "strict_ci_high": s_high,
+                "fallback_accuracy": accuracy,
+                "format_rate": rate(valid.boxed.astype(bool)),
+                "env_errors": int((~group.valid.astype(bool)).sum()),
+            }
+        )
+    columns = [
+        *by,
+        "n",
+        "successes",
+        "accuracy",
+        "ci_low",
+        "ci_high",
+        "strict_accuracy",
+        "strict_ci_low",
+        "strict_ci_high",
+        "fallback_accuracy",
+        "format_rate",
+        "env_errors",
+    ]
     return pd.DataFrame(rows, columns=columns)

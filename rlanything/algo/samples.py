@@ -29,7 +29,9 @@ from rlanything.algo.curriculum import in_band, task_accuracy
 from rlanything.algo.rewards import integrated_reward, rm_consistency_reward
 
 
-def judgment_matrix(traj_id: np.ndarray, step_idx: np.ndarray, judge_idx: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+def judgment_matrix(
+    traj_id: np.ndarray, step_idx: np.ndarray, judge_idx: np.ndarray, m: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Check that every (trajectory, step) has exactly m judgments with judge_idx 0..m-1 and
     order them.
 
@@ -43,7 +45,9 @@ def judgment_matrix(traj_id: np.ndarray, step_idx: np.ndarray, judge_idx: np.nda
     """
     traj_id, step_idx, judge_idx = (np.asarray(a, dtype=np.int64) for a in (traj_id, step_idx, judge_idx))
     if not traj_id.shape == step_idx.shape == judge_idx.shape or traj_id.ndim != 1:
-        raise ValueError(f"need traj_id, step_idx, judge_idx all (J,); got {traj_id.shape}, {step_idx.shape}, {judge_idx.shape}")
+        raise ValueError(
+            f"need traj_id, step_idx, judge_idx all (J,); got {traj_id.shape}, {step_idx.shape}, {judge_idx.shape}"
+        )
     if m < 1:
         raise ValueError(f"need m >= 1 judgments per step; got {m}")
     if not len(traj_id):
@@ -68,9 +72,14 @@ def judgment_matrix(traj_id: np.ndarray, step_idx: np.ndarray, judge_idx: np.nda
 
 
 def select_samples(
-    judgments: dict[str, np.ndarray], trajectories: dict[str, np.ndarray], *, m: int, lam: float,
-    band: tuple[float, float], policy_band: tuple[float, float],
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:  # fmt: skip
+    judgments: dict[str, np.ndarray],
+    trajectories: dict[str, np.ndarray],
+    *,
+    m: int,
+    lam: float,
+    band: tuple[float, float],
+    policy_band: tuple[float, float],
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Policy and RM samples of one iteration, with reward, advantage and whether each trains.
 
     judgments: traj_id, step_idx, judge_idx, step_score (-1/+1, 0 unparsed), parsed (J,);
@@ -113,10 +122,14 @@ def select_samples(
     advantage = step_index_advantages(reward, task_ids, keys[:, 1])
     policy_ok = np.asarray(in_band(task_acc, *policy_band), dtype=bool)
     policy = {
-        "traj_id": keys[:, 0], "task_id": task_ids, "step_idx": keys[:, 1], "reward": reward, "advantage": advantage,
+        "traj_id": keys[:, 0],
+        "task_id": task_ids,
+        "step_idx": keys[:, 1],
+        "reward": reward,
+        "advantage": advantage,
         "kept": policy_ok & (advantage != 0),  # exact: advantages decided zero are exactly 0.0
         "drop_reason": _reasons(~policy_ok, advantage == 0, "zero_advantage"),
-    }  # fmt: skip
+    }
 
     rm_reward = rm_consistency_reward(reward, score, parsed)  # (N, m)
     rm_adv, rm_valid = rm_advantages(rm_reward)
@@ -124,15 +137,21 @@ def select_samples(
     valid = np.repeat(rm_valid, m)
     zero = valid & (rm_adv.ravel() == 0)
     rm = {
-        "traj_id": np.repeat(keys[:, 0], m), "task_id": np.repeat(task_ids, m), "step_idx": np.repeat(keys[:, 1], m),
-        "judge_idx": np.tile(np.arange(m), len(keys)), "reward": rm_reward.ravel(), "advantage": rm_adv.ravel(),
+        "traj_id": np.repeat(keys[:, 0], m),
+        "task_id": np.repeat(task_ids, m),
+        "step_idx": np.repeat(keys[:, 1], m),
+        "judge_idx": np.tile(np.arange(m), len(keys)),
+        "reward": rm_reward.ravel(),
+        "advantage": rm_adv.ravel(),
         "kept": rm_ok & valid & ~zero,
         "drop_reason": _reasons(~rm_ok, ~valid, "zero_std", zero),
-    }  # fmt: skip
+    }
     return policy, rm
 
 
-def _reasons(out_of_band: np.ndarray, first: np.ndarray, first_reason: str, zero: np.ndarray | None = None) -> np.ndarray:
+def _reasons(
+    out_of_band: np.ndarray, first: np.ndarray, first_reason: str, zero: np.ndarray | None = None
+) -> np.ndarray:
     """drop_reason per sample: out_of_band wins, then `first_reason`, then zero_advantage."""
     out = np.full(len(out_of_band), None, dtype=object)
     if zero is not None:

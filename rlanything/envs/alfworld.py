@@ -29,19 +29,24 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlanything.envs.textgame import observation, parse_json_box
-from rlanything.envs.textgame import TextGameEnv, tidy
+from rlanything.envs.textgame import TextGameEnv, observation, parse_json_box, tidy
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
 
-TASK_TYPES = ("pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
-              "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place")  # fmt: skip
+TASK_TYPES = (
+    "pick_and_place_simple",
+    "look_at_obj_in_light",
+    "pick_clean_then_place_in_recep",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "pick_two_obj_and_place",
+)
 HELDOUT_FOLDERS = ("valid_seen", "valid_unseen")  # ALFWorld's held-out games, beside train/
 INSTALL_HINT = "pip install alfworld==0.4.2 (needs textworld[pddl]) and run alfworld-download"
 
 
-def data_path(config: "EnvConfig") -> Path:
+def data_path(config: EnvConfig) -> Path:
     if config.options.data_path:
         return Path(config.options.data_path).expanduser()
     root = os.environ.get("ALFWORLD_DATA", "~/.cache/alfworld")
@@ -62,7 +67,7 @@ def _games(root: str) -> dict[str, tuple[str, ...]]:
     return {t: tuple(files) for t, files in found.items()}
 
 
-def game_path(config: "EnvConfig", spec: dict[str, Any]) -> Path:
+def game_path(config: EnvConfig, spec: dict[str, Any]) -> Path:
     """The game file of a spec; ValueError if the spec is malformed or the data lacks it."""
     if set(spec) - {"split"} != {"task_type", "index"}:
         raise ValueError(f"spec keys must be task_type, index[, split]; got {sorted(spec)}")
@@ -91,7 +96,7 @@ def _start(path: Path, policy_commands: bool = False):
     return textworld.start(str(path), infos, wrappers=[AlfredDemangler(shuffle=False), AlfredInfos])
 
 
-def expert_plan(config: "EnvConfig", spec: dict[str, Any]) -> list[str]:
+def expert_plan(config: EnvConfig, spec: dict[str, Any]) -> list[str]:
     """A winning command sequence from the PDDL planner (fast-downward)."""
     game = _start(game_path(config, spec), policy_commands=True)
     try:
@@ -124,7 +129,7 @@ class AlfWorldEnv(TextGameEnv):
 
     # --- specs and rewrites -------------------------------------------------------------------
     @staticmethod
-    def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
+    def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:
         types = [t for t in config.options.task_types if t in TASK_TYPES]
         if not types:
             raise ValueError(f"env.options.task_types holds no known task type; one of {list(TASK_TYPES)}")
@@ -134,7 +139,7 @@ class AlfWorldEnv(TextGameEnv):
         ]
 
     @staticmethod
-    def validate_spec(config: "EnvConfig", spec: dict[str, Any]) -> None:
+    def validate_spec(config: EnvConfig, spec: dict[str, Any]) -> None:
         game = _start(game_path(config, spec))
         try:
             game.reset()
@@ -171,7 +176,7 @@ class AlfWorldEnv(TextGameEnv):
 
     # --- held-out problems (evaluation) -------------------------------------------------------
     @staticmethod
-    def heldout_specs(config: "EnvConfig", split: str, n: int, seed: int) -> list[dict[str, Any]]:
+    def heldout_specs(config: EnvConfig, split: str, n: int, seed: int) -> list[dict[str, Any]]:
         """ALFWorld's own evaluation games, in the folders beside the training data:
         in_domain = `valid_seen` (rooms seen in training, games not), ood = `valid_unseen`
         (rooms never seen), the configured task types in turn, games in order.

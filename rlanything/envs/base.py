@@ -39,7 +39,7 @@ class Environment(Protocol):
     judge_hint: str
     """One or two sentences telling the RM what a good step looks like in this environment."""
 
-    def __init__(self, config: "EnvConfig") -> None:
+    def __init__(self, config: EnvConfig) -> None:
         """`config.options` holds this kind's options (its `Options` model, for a plug-in)."""
         ...
 
@@ -61,12 +61,12 @@ class Environment(Protocol):
 
     # --- specs and rewrites (task adaptation) -------------------------------------------
     @staticmethod
-    def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
+    def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:
         """The specs of a new run's buffer, one per slot (config.num_problems of them)."""
         ...
 
     @staticmethod
-    def validate_spec(config: "EnvConfig", spec: dict[str, Any]) -> None:
+    def validate_spec(config: EnvConfig, spec: dict[str, Any]) -> None:
         """Raise ValueError (with the reason) unless `spec` builds a verifiable problem."""
         ...
 
@@ -125,12 +125,15 @@ def parse_json_box(text: str, allowed: set[str] | None) -> dict[str, Any]:
 
 
 ENV_CLASSES = {
-    "reasoning_gym": "rlanything.envs.reasoning:ReasoningGymEnv", "miniwob": "rlanything.envs.miniwob:MiniWoBEnv",
-    "osworld": "rlanything.envs.osworld:OSWorldEnv", "textworld": "rlanything.envs.textworld:TextWorldEnv",
+    "reasoning_gym": "rlanything.envs.reasoning:ReasoningGymEnv",
+    "miniwob": "rlanything.envs.miniwob:MiniWoBEnv",
+    "osworld": "rlanything.envs.osworld:OSWorldEnv",
+    "textworld": "rlanything.envs.textworld:TextWorldEnv",
     "textworld_express": "rlanything.envs.textworld_express:TextWorldExpressEnv",
-    "alfworld": "rlanything.envs.alfworld:AlfWorldEnv", "coding": "rlanything.envs.coding:CodingEnv",
+    "alfworld": "rlanything.envs.alfworld:AlfWorldEnv",
+    "coding": "rlanything.envs.coding:CodingEnv",
     "first_letter": "rlanything.envs.first_letter:FirstLetterEnv",
-}  # fmt: skip
+}
 """Built-in kinds -> their classes (imported on first use: each pulls its own libraries)."""
 
 
@@ -140,12 +143,12 @@ def env_class(kind: str) -> type[Environment]:
     return environment_class(kind, ENV_CLASSES)
 
 
-def make_env(config: "EnvConfig") -> Environment:
+def make_env(config: EnvConfig) -> Environment:
     """A fresh environment instance for `config.kind`."""
     return env_class(config.kind)(config)
 
 
-def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
+def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:
     specs = env_class(config.kind).initial_specs(config, seed)
     env_class(config.kind).validate_spec(config, specs[0])  # fail at start-up, not mid-iteration
     return specs

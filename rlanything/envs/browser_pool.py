@@ -26,18 +26,33 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from rlanything import procs
 
 CHROMIUM_FLAGS = (
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-    "--no-default-browser-check", "--disable-background-networking", "--disable-component-update",
-    "--disable-default-apps", "--disable-sync", "--disable-extensions", "--disable-domain-reliability",
-    "--disable-client-side-phishing-detection", "--metrics-recording-only", "--no-pings", "--mute-audio",
-    "--host-resolver-rules=MAP * ~NOTFOUND", "--window-size=500,400", "--force-device-scale-factor=1",
-)  # fmt: skip
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-default-apps",
+    "--disable-sync",
+    "--disable-extensions",
+    "--disable-domain-reliability",
+    "--disable-client-side-phishing-detection",
+    "--metrics-recording-only",
+    "--no-pings",
+    "--mute-audio",
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--window-size=500,400",
+    "--force-device-scale-factor=1",
+)
 
 
 class BrowserFailure(RuntimeError):

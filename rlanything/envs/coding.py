@@ -111,9 +111,13 @@ def humaneval_problems() -> dict[str, dict[str, Any]]:
             raw = json.loads(line)
             setup, tests = split_check(raw["test"], raw["entry_point"])
             problems[raw["task_id"]] = {
-                "id": raw["task_id"], "prompt": raw["prompt"], "tests": tests, "setup": setup,
-                "prefix": raw["prompt"], "reference": raw["canonical_solution"],
-            }  # fmt: skip
+                "id": raw["task_id"],
+                "prompt": raw["prompt"],
+                "tests": tests,
+                "setup": setup,
+                "prefix": raw["prompt"],
+                "reference": raw["canonical_solution"],
+            }
     return problems
 
 
@@ -155,12 +159,21 @@ def jsonl_problem(record: dict, line_no: int) -> dict[str, Any] | None:
     if "tests" in record:
         tests = _as_pairs(record["tests"])
     else:
-        tests = [t for key in ("public_tests", "private_tests", "generated_tests", "public_test_cases",
-                               "private_test_cases") for t in _as_pairs(record.get(key))]  # fmt: skip
+        tests = [
+            t
+            for key in ("public_tests", "private_tests", "generated_tests", "public_test_cases", "private_test_cases")
+            for t in _as_pairs(record.get(key))
+        ]
     if not tests:
         return None
-    return {"id": pid, "prompt": prompt, "tests": tests, "setup": record.get("setup", ""), "prefix": "",
-            "reference": _reference(record)}  # fmt: skip
+    return {
+        "id": pid,
+        "prompt": prompt,
+        "tests": tests,
+        "setup": record.get("setup", ""),
+        "prefix": "",
+        "reference": _reference(record),
+    }
 
 
 @functools.cache
@@ -269,13 +282,19 @@ def solution_program(problem: dict[str, Any], answer: str) -> str:
     return candidates[0]  # fails in the sandbox like any broken program
 
 
-def limits_of(config: "EnvConfig") -> Limits:
+def limits_of(config: EnvConfig) -> Limits:
     box = config.options.sandbox
-    return Limits(timeout_s=box.timeout_s, memory_mb=box.memory_mb, max_file_mb=box.max_file_mb,
-                  max_processes=box.max_processes, disk_mb=box.disk_mb, isolation=box.isolation)  # fmt: skip
+    return Limits(
+        timeout_s=box.timeout_s,
+        memory_mb=box.memory_mb,
+        max_file_mb=box.max_file_mb,
+        max_processes=box.max_processes,
+        disk_mb=box.disk_mb,
+        isolation=box.isolation,
+    )
 
 
-def score_solution(config: "EnvConfig", spec: dict[str, Any], answer: str | None) -> list[bool]:
+def score_solution(config: EnvConfig, spec: dict[str, Any], answer: str | None) -> list[bool]:
     """Pass/fail of `answer` on each ground-truth test of the spec's problem (all False for None)."""
     problem = load_problem(spec)
     if answer is None:
@@ -288,7 +307,7 @@ class CodingEnv:
     system_prompt = SYSTEM_PROMPT
     judge_hint = JUDGE_HINT
 
-    def __init__(self, config: "EnvConfig") -> None:
+    def __init__(self, config: EnvConfig) -> None:
         self.config = config
         checked_runtime(limits_of(config))  # no bubblewrap and no `isolation: weak`: fail now, clearly
         self._spec: dict[str, Any] | None = None
@@ -316,7 +335,7 @@ class CodingEnv:
 
     # --- specs and rewrites -------------------------------------------------------------------
     @staticmethod
-    def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
+    def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:
         coding = config.options
         if coding.source == "humaneval":
             ids, base = list(humaneval_problems()), {"source": "humaneval"}
@@ -335,7 +354,7 @@ class CodingEnv:
         return [{**base, "id": chosen[slot % len(chosen)]} for slot in range(config.num_problems)]
 
     @staticmethod
-    def validate_spec(config: "EnvConfig", spec: dict[str, Any]) -> None:
+    def validate_spec(config: EnvConfig, spec: dict[str, Any]) -> None:
         problem = load_problem(spec)
         if problem["reference"] is not None:
             results = score_solution(config, spec, problem["reference"])
@@ -348,8 +367,11 @@ class CodingEnv:
     @staticmethod
     def rewrite_instructions(spec: dict[str, Any], direction: str) -> str:
         problem = load_problem(spec)
-        style = ('stdio tests {"input": "...", "output": "..."}' if any("input" in t for t in problem["tests"])
-                 else 'Python statement tests {"code": "assert ..."}')  # fmt: skip
+        style = (
+            'stdio tests {"input": "...", "output": "..."}'
+            if any("input" in t for t in problem["tests"])
+            else 'Python statement tests {"code": "assert ..."}'
+        )
         return (
             f"Write a new programming problem that is {direction} than this one, with tests and a "
             f"reference solution. Use {style}. Answer with one JSON object inside \\boxed{{}} with keys "
@@ -379,13 +401,18 @@ class CodingEnv:
         if len(problem["tests"]) < 2 or problem["reference"] is None:
             raise ValueError("needs two tests or more and a reference solution")
         keep = problem["tests"][: (len(problem["tests"]) + 1) // 2]
-        body = {"prompt": problem["prompt"], "tests": keep, "reference": problem["reference"],
-                "setup": problem["setup"], "prefix": problem["prefix"]}  # fmt: skip
+        body = {
+            "prompt": problem["prompt"],
+            "tests": keep,
+            "reference": problem["reference"],
+            "setup": problem["setup"],
+            "prefix": problem["prefix"],
+        }
         return "\\boxed{" + json.dumps(body) + "}"
 
     # --- held-out problems (evaluation) -------------------------------------------------------
     @staticmethod
-    def heldout_specs(config: "EnvConfig", split: str, n: int, seed: int) -> list[dict[str, Any]]:
+    def heldout_specs(config: EnvConfig, split: str, n: int, seed: int) -> list[dict[str, Any]]:
         """Problems of the benchmark the run never starts from (at most n: the pool is finite).
         humaneval: ood = the third of the unused problems with the longest reference solutions,
         in_domain = the other unused ones (shuffled with a fixed seed). jsonl: in_domain = the

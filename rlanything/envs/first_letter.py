@@ -46,7 +46,7 @@ class FirstLetterEnv:
     system_prompt = "Answer with a single word."
     judge_hint = "A good step answers with one word that starts with a letter the task allows."
 
-    def __init__(self, config: "EnvConfig | None" = None) -> None:
+    def __init__(self, config: EnvConfig | None = None) -> None:
         self._letters: str | None = None
         self._answer: str | None = None
 
@@ -69,12 +69,12 @@ class FirstLetterEnv:
         self._letters = None
 
     @staticmethod
-    def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
+    def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:
         letters = _letters(config.options.letters)
         return [{"letters": letters, "seed": seed * 100_003 + slot} for slot in range(config.num_problems)]
 
     @staticmethod
-    def heldout_specs(config: "EnvConfig", split: str, n: int, seed: int) -> list[dict[str, Any]]:
+    def heldout_specs(config: EnvConfig, split: str, n: int, seed: int) -> list[dict[str, Any]]:
         """in_domain: the training letters on evaluation seeds (other topic words); ood: the
         letters after two rule steps harder (fewer letters allowed, at least one).
 
@@ -90,7 +90,7 @@ class FirstLetterEnv:
         return [{"letters": letters, "seed": s} for s in heldout_seeds(split, n, avoid)]
 
     @staticmethod
-    def validate_spec(config: "EnvConfig", spec: dict[str, Any]) -> None:
+    def validate_spec(config: EnvConfig, spec: dict[str, Any]) -> None:
         if set(spec) != {"letters", "seed"}:
             raise ValueError(f"spec keys must be letters, seed; got {sorted(spec)}")
         if not isinstance(spec["seed"], int) or isinstance(spec["seed"], bool):

@@ -24,7 +24,8 @@ a run's buffer really held, so disjointness is checked against the run, not assu
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
@@ -78,7 +79,7 @@ def check_split(split: str) -> None:
         raise ValueError(f"unknown split {split!r}; one of {list(SPLITS)}")
 
 
-def heldout_specs(config: "EnvConfig", split: str, n: int, seed: int) -> list[dict[str, Any]]:
+def heldout_specs(config: EnvConfig, split: str, n: int, seed: int) -> list[dict[str, Any]]:
     """`env_class(config.kind).heldout_specs(...)`, or NoHeldOutSplit naming the environment."""
     from rlanything.envs.base import env_class
 

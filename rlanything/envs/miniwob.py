@@ -86,12 +86,27 @@ HINTS: dict[str, str] = {
 
 _INTERACTIVE = {"button", "a", "label", "textarea", "select", "option"}
 _KEYS = {
-    "enter": "<Enter>", "return": "<Enter>", "tab": "<Tab>", "backspace": "<Backspace>", "delete": "<Delete>",
-    "escape": "<Escape>", "esc": "<Escape>", "space": "<Space>", "arrowup": "<ArrowUp>", "up": "<ArrowUp>",
-    "arrowdown": "<ArrowDown>", "down": "<ArrowDown>", "arrowleft": "<ArrowLeft>", "left": "<ArrowLeft>",
-    "arrowright": "<ArrowRight>", "right": "<ArrowRight>", "pageup": "<PageUp>", "pagedown": "<PageDown>",
-    "home": "<Home>", "end": "<End>",
-}  # fmt: skip
+    "enter": "<Enter>",
+    "return": "<Enter>",
+    "tab": "<Tab>",
+    "backspace": "<Backspace>",
+    "delete": "<Delete>",
+    "escape": "<Escape>",
+    "esc": "<Escape>",
+    "space": "<Space>",
+    "arrowup": "<ArrowUp>",
+    "up": "<ArrowUp>",
+    "arrowdown": "<ArrowDown>",
+    "down": "<ArrowDown>",
+    "arrowleft": "<ArrowLeft>",
+    "left": "<ArrowLeft>",
+    "arrowright": "<ArrowRight>",
+    "right": "<ArrowRight>",
+    "pageup": "<PageUp>",
+    "pagedown": "<PageDown>",
+    "home": "<Home>",
+    "end": "<End>",
+}
 _MODIFIERS = {"ctrl": "C-", "control": "C-", "shift": "S-", "alt": "A-", "meta": "M-", "cmd": "M-"}
 _READ_JS = """return {done: WOB_DONE_GLOBAL, raw_reward: WOB_RAW_REWARD_GLOBAL,
     utterance: core.getUtterance(), dom: WOB_DONE_GLOBAL ? null : core.getDOMInfo()};"""
@@ -176,7 +191,7 @@ def render_page(elements: list[Element], max_elements: int) -> str:
     interactive = [e for e in elements if e.interactive]
     other = [e for e in elements if not e.interactive]
     shown_i, shown_o = interactive[:max_elements], other[: max(0, max_elements - len(interactive))]
-    lines = ["Elements ([ref] tag \"text\" state @x,y wxh; interactive first):"]
+    lines = ['Elements ([ref] tag "text" state @x,y wxh; interactive first):']
     lines += [e.line() for e in shown_i] or ["(no interactive element)"]
     if shown_o:
         lines += ["Text:"] + [e.line() for e in shown_o]
@@ -292,7 +307,7 @@ class MiniWoBEnv:
         "unrelated element or an action that changes nothing is a bad step."
     )
 
-    def __init__(self, config: "EnvConfig") -> None:
+    def __init__(self, config: EnvConfig) -> None:
         self.cfg: MiniWoBOptions = config.options
         cfg = self.cfg
         self._pool = process_pool(cfg.pool_size, cfg.chromium, cfg.chromedriver, cfg.launch_timeout_s)
@@ -389,7 +404,7 @@ class MiniWoBEnv:
 
     # --- specs and rewrites -------------------------------------------------------------------
     @staticmethod
-    def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
+    def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:
         tasks = config.options.tasks
         if not tasks:
             raise ValueError("env.options.tasks is empty")
@@ -399,7 +414,7 @@ class MiniWoBEnv:
         ]
 
     @staticmethod
-    def validate_spec(config: "EnvConfig", spec: dict[str, Any]) -> None:
+    def validate_spec(config: EnvConfig, spec: dict[str, Any]) -> None:
         if not {"task", "seed"} <= set(spec) <= {"task", "seed", "hint"}:
             raise ValueError(f"spec keys must be task, seed[, hint]; got {sorted(spec)}")
         task, seed = spec["task"], spec["seed"]
@@ -472,7 +487,7 @@ class MiniWoBEnv:
 
     # --- held-out problems (evaluation) -------------------------------------------------------
     @staticmethod
-    def heldout_specs(config: "EnvConfig", split: str, n: int, seed: int) -> list[dict[str, Any]]:
+    def heldout_specs(config: EnvConfig, split: str, n: int, seed: int) -> list[dict[str, Any]]:
         """in_domain: the configured tasks in turn on evaluation seeds; ood: tasks of no
         family ladder (OOD_TASKS), which no configured task can be rewritten into, on
         evaluation seeds. No hint in either.
@@ -490,10 +505,20 @@ class MiniWoBEnv:
             raise ValueError("env.options.tasks is empty" if split == "in_domain" else "no MiniWoB++ OOD task left")
         base = -(-(2**31) // STRIDE) * STRIDE  # the first multiple of STRIDE above 2**31
         avoid = [s["seed"] for s in MiniWoBEnv.initial_specs(config, seed)]
-        return [{"task": tasks[k % len(tasks)], "seed": s, "hint": False}
-                for k, s in enumerate(heldout_seeds(split, n, avoid, base=base))]  # fmt: skip
+        return [
+            {"task": tasks[k % len(tasks)], "seed": s, "hint": False}
+            for k, s in enumerate(heldout_seeds(split, n, avoid, base=base))
+        ]
 
 
 # Out-of-distribution tasks: simple single-page tasks outside every FAMILIES ladder.
-OOD_TASKS = ("click-widget", "click-tab", "click-collapsible", "click-button-sequence", "choose-list",
-             "enter-text-dynamic", "click-dialog-2", "click-color")  # fmt: skip
+OOD_TASKS = (
+    "click-widget",
+    "click-tab",
+    "click-collapsible",
+    "click-button-sequence",
+    "choose-list",
+    "enter-text-dynamic",
+    "click-dialog-2",
+    "click-color",
+)

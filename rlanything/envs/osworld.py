@@ -138,7 +138,7 @@ _IDLE: dict[str, list[Any]] = {}
 _LOCK = threading.Lock()
 
 
-def _desktop(cfg: "OSWorldOptions") -> Any:
+def _desktop(cfg: OSWorldOptions) -> Any:
     key = json.dumps(cfg.desktop_env, sort_keys=True)
     with _LOCK:
         if _IDLE.get(key):
@@ -148,7 +148,7 @@ def _desktop(cfg: "OSWorldOptions") -> Any:
     return DesktopEnv(**{**cfg.desktop_env, "action_space": "pyautogui", "require_a11y_tree": True})
 
 
-def _give_back(cfg: "OSWorldOptions", desktop: Any) -> None:
+def _give_back(cfg: OSWorldOptions, desktop: Any) -> None:
     with _LOCK:
         _IDLE.setdefault(json.dumps(cfg.desktop_env, sort_keys=True), []).append(desktop)
 
@@ -169,7 +169,7 @@ class OSWorldEnv:
         "is complete is a bad step."
     )
 
-    def __init__(self, config: "EnvConfig") -> None:
+    def __init__(self, config: EnvConfig) -> None:
         self.cfg = config.options
         self._desktop: Any = None
         self._example: dict[str, Any] | None = None
@@ -221,7 +221,7 @@ class OSWorldEnv:
 
     # --- specs and rewrites ---------------------------------------------------------------------
     @staticmethod
-    def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
+    def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:
         cfg = config.options
         if cfg.examples_dir is None:
             raise ValueError("env.options.examples_dir is not set (OSWorld's evaluation_examples folder)")
@@ -237,7 +237,7 @@ class OSWorldEnv:
         ]
 
     @staticmethod
-    def validate_spec(config: "EnvConfig", spec: dict[str, Any]) -> None:
+    def validate_spec(config: EnvConfig, spec: dict[str, Any]) -> None:
         """The example exists and carries an evaluator (no VM is started to check it)."""
         if set(spec) != {"examples_dir", "domain", "example_id"}:
             raise ValueError(f"spec keys must be examples_dir, domain, example_id; got {sorted(spec)}")
@@ -284,7 +284,7 @@ class OSWorldEnv:
 
     # --- held-out problems (evaluation) -------------------------------------------------------
     @staticmethod
-    def heldout_specs(config: "EnvConfig", split: str, n: int, seed: int) -> list[dict[str, Any]]:
+    def heldout_specs(config: EnvConfig, split: str, n: int, seed: int) -> list[dict[str, Any]]:
         """in_domain: examples of the configured domains outside the run's initial buffer;
         ood: examples of the other domains (none when every domain is configured).
 

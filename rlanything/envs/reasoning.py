@@ -32,7 +32,7 @@ class ReasoningGymEnv:
     system_prompt = "Solve the problem. Think step by step, then give only the final answer inside \\boxed{}."
     judge_hint = "A good step reasons correctly and puts the correct final answer in \\boxed{}."
 
-    def __init__(self, config: "EnvConfig | None" = None) -> None:
+    def __init__(self, config: EnvConfig | None = None) -> None:
         self._built: dict[str, Any] | None = None
         self._answer: str | None = None
 
@@ -55,7 +55,7 @@ class ReasoningGymEnv:
         self._built = None
 
     @staticmethod
-    def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
+    def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:
         options = config.options
         return [
             {"dataset": options.dataset, "config": dict(options.dataset_config), "seed": seed * 100_003 + slot}
@@ -63,7 +63,7 @@ class ReasoningGymEnv:
         ]
 
     @staticmethod
-    def validate_spec(config: "EnvConfig", spec: dict[str, Any]) -> None:
+    def validate_spec(config: EnvConfig, spec: dict[str, Any]) -> None:
         if set(spec) != {"dataset", "config", "seed"}:
             raise ValueError(f"spec keys must be dataset, config, seed; got {sorted(spec)}")
         build_entry(spec)
@@ -101,7 +101,7 @@ class ReasoningGymEnv:
 
     # --- held-out problems (evaluation) -------------------------------------------------------
     @staticmethod
-    def heldout_specs(config: "EnvConfig", split: str, n: int, seed: int) -> list[dict[str, Any]]:
+    def heldout_specs(config: EnvConfig, split: str, n: int, seed: int) -> list[dict[str, Any]]:
         """in_domain: the training generator and knobs on evaluation seeds; ood: the same
         generator with every integer `max_*` knob two steps harder (the generator's defaults
         stand in for knobs the config leaves out).
@@ -116,8 +116,10 @@ class ReasoningGymEnv:
         if split == "ood":
             knobs = _harder_knobs(config.options.dataset, knobs, steps=2)
         avoid = [s["seed"] for s in ReasoningGymEnv.initial_specs(config, seed)]
-        return [{"dataset": config.options.dataset, "config": dict(knobs), "seed": s}
-                for s in heldout_seeds(split, n, avoid)]  # fmt: skip
+        return [
+            {"dataset": config.options.dataset, "config": dict(knobs), "seed": s}
+            for s in heldout_seeds(split, n, avoid)
+        ]
 
 
 def _harder_knobs(dataset: str, knobs: dict[str, Any], steps: int) -> dict[str, Any]:
@@ -129,8 +131,14 @@ def _harder_knobs(dataset: str, knobs: dict[str, Any], steps: int) -> dict[str, 
         from reasoning_gym.factory import DATASETS
 
         defaults = dataclasses.asdict(DATASETS[dataset][1]())
-        knobs = {**{k: v for k, v in defaults.items() if k.startswith(("max_", "min_")) and isinstance(v, int)
-                    and not isinstance(v, bool)}, **knobs}  # fmt: skip
+        knobs = {
+            **{
+                k: v
+                for k, v in defaults.items()
+                if k.startswith(("max_", "min_")) and isinstance(v, int) and not isinstance(v, bool)
+            },
+            **knobs,
+        }
     spec = {"dataset": dataset, "config": knobs, "seed": 0}
     for _ in range(steps):
         spec = ReasoningGymEnv.parse_rewrite(spec, ReasoningGymEnv.rule_rewrite(spec, "harder"))

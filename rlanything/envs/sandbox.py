@@ -137,8 +137,11 @@ def _python_candidates() -> list[tuple[str, str]]:
         real = os.path.realpath(path) if path else ""
         if real and real not in seen and os.path.isfile(real):
             seen.add(real)
-            prefix = os.path.realpath(sys.base_prefix) if real.startswith(os.path.realpath(sys.base_prefix) + "/") \
-                else str(Path(real).parent.parent)  # fmt: skip
+            prefix = (
+                os.path.realpath(sys.base_prefix)
+                if real.startswith(os.path.realpath(sys.base_prefix) + "/")
+                else str(Path(real).parent.parent)
+            )
             out.append((real, prefix))
     return out
 
@@ -151,16 +154,62 @@ def sandbox_uid() -> int | None:
 
 def _bwrap_argv(bwrap: str, python: str, prefix: str, limits: Limits, files: dict[str, int]) -> list[str]:
     size = str(limits.disk_mb * 2**20)
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "--as-pid-1",
-            "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
-            "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-            "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin"]  # fmt: skip
+    argv = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--as-pid-1",
+        "--uid",
+        "65534",
+        "--gid",
+        "65534",
+        "--hostname",
+        "sandbox",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        "--symlink",
+        "usr/lib",
+        "/lib",
+        "--symlink",
+        "usr/lib64",
+        "/lib64",
+        "--symlink",
+        "usr/bin",
+        "/bin",
+        "--symlink",
+        "usr/sbin",
+        "/sbin",
+    ]
     if prefix != "/usr" and not prefix.startswith("/usr/"):
         argv += ["--ro-bind", prefix, prefix]
-    argv += ["--proc", "/proc", "--dev", "/dev",
-             "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
-             "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
-             "--perms", "0700", "--size", size, "--tmpfs", WORKDIR]  # fmt: skip
+    argv += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--size",
+        size,
+        "--tmpfs",
+        "/tmp",
+        "--perms",
+        "1777",
+        "--size",
+        size,
+        "--tmpfs",
+        "/dev/shm",
+        "--perms",
+        "0700",
+        "--size",
+        size,
+        "--tmpfs",
+        WORKDIR,
+    ]
     for name, fd in files.items():
         argv += ["--perms", "0644", "--file", str(fd), f"{WORKDIR}/{name}"]
     argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv"]
@@ -172,11 +221,19 @@ def _bwrap_argv(bwrap: str, python: str, prefix: str, limits: Limits, files: dic
 def _probe_bwrap(bwrap: str, python: str, prefix: str, uid: int | None, tools: tuple[str, str]) -> str:
     """'' if bwrap runs `python` here as `uid`, else why not."""
     nproc = 64 + (0 if uid is not None else _own_process_count())
-    cmd = [*_wrappers(tools, Limits(), 30, nproc, uid), *_bwrap_argv(bwrap, python, prefix, Limits(), {}),
-           python, "-I", "-S", "-c", "pass"]  # fmt: skip
+    cmd = [
+        *_wrappers(tools, Limits(), 30, nproc, uid),
+        *_bwrap_argv(bwrap, python, prefix, Limits(), {}),
+        python,
+        "-I",
+        "-S",
+        "-c",
+        "pass",
+    ]
     try:
-        done = subprocess.run(cmd, env={}, cwd="/", capture_output=True, timeout=30, stdin=subprocess.DEVNULL,
-                              check=False)  # fmt: skip
+        done = subprocess.run(
+            cmd, env={}, cwd="/", capture_output=True, timeout=30, stdin=subprocess.DEVNULL, check=False
+        )
     except (OSError, subprocess.SubprocessError) as err:
         return f"{type(err).__name__}: {err}"
     return "" if done.returncode == 0 else done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
@@ -225,8 +282,11 @@ def checked_runtime(limits: Limits) -> Runtime:
 
 @functools.cache
 def _warn_weak(notes: str) -> None:
-    log.warning("sandbox: WEAK isolation (%s): generated code can read world-readable files, write to "
-                "world-writable folders and use the network", notes)  # fmt: skip
+    log.warning(
+        "sandbox: WEAK isolation (%s): generated code can read world-readable files, write to "
+        "world-writable folders and use the network",
+        notes,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,8 +314,19 @@ def _wrappers(tools: tuple[str, str], limits: Limits, cpu_s: int, nproc: int, ui
     command they prefix runs with those, and so does everything it starts."""
     mem, fsize = limits.memory_mb * 2**20, limits.max_file_mb * 2**20
     drop = ["--reuid", str(uid), "--regid", str(uid), "--clear-groups"] if uid is not None else []
-    return [tools[0], *drop, "--no-new-privs", tools[1], f"--cpu={cpu_s}:{cpu_s + 1}", f"--as={mem}",
-            f"--fsize={fsize}", f"--nproc={nproc}", "--nofile=64", "--core=0", "--"]  # fmt: skip
+    return [
+        tools[0],
+        *drop,
+        "--no-new-privs",
+        tools[1],
+        f"--cpu={cpu_s}:{cpu_s + 1}",
+        f"--as={mem}",
+        f"--fsize={fsize}",
+        f"--nproc={nproc}",
+        "--nofile=64",
+        "--core=0",
+        "--",
+    ]
 
 
 _weak_lock = threading.Lock()
@@ -324,9 +395,14 @@ def _memfile(text: str) -> int:
 
 
 def run_program(
-    code: str, stdin: str = "", limits: Limits = Limits(), *, wall_s: float | None = None,
-    files: dict[str, str] | None = None, argv: list[str] | None = None,
-) -> ProgramResult:  # fmt: skip
+    code: str,
+    stdin: str = "",
+    limits: Limits = Limits(),
+    *,
+    wall_s: float | None = None,
+    files: dict[str, str] | None = None,
+    argv: list[str] | None = None,
+) -> ProgramResult:
     """Run Python `code` as a script in the sandbox, feeding `stdin`.
 
     wall_s: wall-clock deadline (default limits.timeout_s); files: extra files written into the
@@ -368,9 +444,15 @@ def run_program(
             _weak_in_flight += weak
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=cwd, env=env, pass_fds=tuple(fds.values()),
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=err,
+                cwd=cwd,
+                env=env,
+                pass_fds=tuple(fds.values()),
                 start_new_session=True,
-            )  # fmt: skip
+            )
             timed_out = False
             try:
                 proc.communicate(stdin.encode(), timeout=wall_s)
@@ -384,10 +466,14 @@ def run_program(
                         _kill_uid(rt.uid)
         RUNS["weak" if weak else "bubblewrap"] += 1
         return ProgramResult(
-            returncode=None if timed_out else proc.returncode, stdout=_read(out_path), stderr=_read(err_path),
-            timed_out=timed_out, wall_s=time.monotonic() - start,
-            uid=rt.uid if rt.uid is not None else os.getuid(), isolation="weak" if weak else "bubblewrap",
-        )  # fmt: skip
+            returncode=None if timed_out else proc.returncode,
+            stdout=_read(out_path),
+            stderr=_read(err_path),
+            timed_out=timed_out,
+            wall_s=time.monotonic() - start,
+            uid=rt.uid if rt.uid is not None else os.getuid(),
+            isolation="weak" if weak else "bubblewrap",
+        )
     finally:
         for fd in fds.values():
             os.close(fd)
@@ -424,7 +510,7 @@ def outputs_match(actual: str, expected: str, tol: float = 1e-6) -> bool:
 # The runner of Python-statement tests. It reads the job before the solution runs (the nonce
 # never touches the file system), silences the solution's prints, runs each test under a timer
 # and reports "<nonce> <k> <0|1>" on the real stdout.
-_RUNNER = r'''
+_RUNNER = r"""
 import io, json, os, signal, sys
 job = json.loads(sys.stdin.read())
 sys.stdin = io.StringIO("")
@@ -455,7 +541,7 @@ ok = run(job["code"], ns) and run(job["setup"], ns)
 for k, test in enumerate(job["tests"]):
     passed = ok and run(test, ns)
     os.write(real_out, f"{nonce} {k} {int(passed)}\n".encode())
-'''
+"""
 
 
 def _run_statement_tests(code: str, setup: str, tests: list[str], limits: Limits) -> list[bool]:

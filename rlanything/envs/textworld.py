@@ -41,29 +41,46 @@ import textworld
 import textworld.challenges
 from textworld.generator import compile_game
 
-from rlanything.envs.textgame import observation, parse_json_box
-from rlanything.envs.textgame import TextGameEnv, tidy
+from rlanything.envs.textgame import TextGameEnv, observation, parse_json_box, tidy
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
 
 GAMES = ("custom", "tw-simple", "tw-cooking", "tw-treasure_hunter", "tw-coin_collector")
-CAPS = {"world_size": 12, "nb_objects": 40, "quest_length": 12, "quest_max_length": 12, "quest_breadth": 5,
-        "nb_parallel_quests": 4, "recipe": 5, "take": 5}  # fmt: skip
+CAPS = {
+    "world_size": 12,
+    "nb_objects": 40,
+    "quest_length": 12,
+    "quest_max_length": 12,
+    "quest_breadth": 5,
+    "nb_parallel_quests": 4,
+    "recipe": 5,
+    "take": 5,
+}
 REWRITE_KNOBS = {
-    "custom": {"world_size": "rooms", "nb_objects": "minimum number of objects",
-               "quest_length": "actions the quest needs", "quest_breadth": "sub-quests",
-               "nb_parallel_quests": "quests to complete"},
-    "tw-cooking": {"recipe": "ingredients in the recipe (1-5)", "take": "ingredients to find (<= recipe)",
-                   "go": "rooms: 1, 6, 9 or 12", "open": "containers/doors must be opened (true/false)",
-                   "cook": "ingredients must be cooked (true/false)", "cut": "ingredients must be cut (true/false)",
-                   "drop": "limited inventory (true/false)"},
+    "custom": {
+        "world_size": "rooms",
+        "nb_objects": "minimum number of objects",
+        "quest_length": "actions the quest needs",
+        "quest_breadth": "sub-quests",
+        "nb_parallel_quests": "quests to complete",
+    },
+    "tw-cooking": {
+        "recipe": "ingredients in the recipe (1-5)",
+        "take": "ingredients to find (<= recipe)",
+        "go": "rooms: 1, 6, 9 or 12",
+        "open": "containers/doors must be opened (true/false)",
+        "cook": "ingredients must be cooked (true/false)",
+        "cut": "ingredients must be cut (true/false)",
+        "drop": "limited inventory (true/false)",
+    },
     "tw-treasure_hunter": {"level": "difficulty 1-30"},
     "tw-coin_collector": {"level": "difficulty 1-300"},
     "tw-simple": {"rewards": "dense, balanced or sparse", "goal": "detailed, brief or none"},
-}  # fmt: skip
-INFOS = textworld.EnvInfos(admissible_commands=True, objective=True, description=True, won=True, lost=True,
-                           extras=["walkthrough"])  # fmt: skip
+}
+INFOS = textworld.EnvInfos(
+    admissible_commands=True, objective=True, description=True, won=True, lost=True, extras=["walkthrough"]
+)
 _GENERATION_LOCK = threading.Lock()  # textworld's generator is not made for concurrent use
 
 
@@ -78,14 +95,29 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_custom_arguments(parser: argparse.ArgumentParser) -> None:
     """`tw-make custom`'s settings (the script defines them inline, so they are mirrored here)."""
-    for flag, default in (("--world-size", 5), ("--nb-objects", 10), ("--nb-parallel-quests", 1),
-                          ("--quest-length", None), ("--quest-breadth", None), ("--quest-min-length", 1),
-                          ("--quest-max-length", 5), ("--quest-min-breadth", 1), ("--quest-max-breadth", 5),
-                          ("--quest-min-depth", 1), ("--quest-max-depth", 5)):  # fmt: skip
+    for flag, default in (
+        ("--world-size", 5),
+        ("--nb-objects", 10),
+        ("--nb-parallel-quests", 1),
+        ("--quest-length", None),
+        ("--quest-breadth", None),
+        ("--quest-min-length", 1),
+        ("--quest-max-length", 5),
+        ("--quest-min-breadth", 1),
+        ("--quest-max-breadth", 5),
+        ("--quest-min-depth", 1),
+        ("--quest-max-depth", 5),
+    ):
         parser.add_argument(flag, type=int, default=default)
     parser.add_argument("--theme", default="house")
-    for flag in ("--include-adj", "--blend-descriptions", "--ambiguous-instructions", "--only-last-action",
-                 "--blend-instructions", "--entity-numbering"):  # fmt: skip
+    for flag in (
+        "--include-adj",
+        "--blend-descriptions",
+        "--ambiguous-instructions",
+        "--only-last-action",
+        "--blend-instructions",
+        "--entity-numbering",
+    ):
         parser.add_argument(flag, action="store_true")
 
 
@@ -189,7 +221,7 @@ def _check_walkthrough(path: Path) -> list[str]:
         env.close()
 
 
-def games_dir(config: "EnvConfig") -> Path:
+def games_dir(config: EnvConfig) -> Path:
     if config.options.games_dir:
         return Path(config.options.games_dir).expanduser()
     from rlanything.paths import cache_dir
@@ -203,7 +235,7 @@ def spec_key(spec: dict[str, Any]) -> str:
     return f"{spec['game']}-{hashlib.sha256(blob).hexdigest()[:16]}"
 
 
-def game_file(config: "EnvConfig", spec: dict[str, Any]) -> Path:
+def game_file(config: EnvConfig, spec: dict[str, Any]) -> Path:
     """The spec's compiled game, generated (atomically) on first use."""
     target = games_dir(config) / spec_key(spec)
     if (target / "spec.json").is_file():
@@ -225,7 +257,7 @@ def game_file(config: "EnvConfig", spec: dict[str, Any]) -> Path:
     return target / "game.z8"
 
 
-def walkthrough(config: "EnvConfig", spec: dict[str, Any]) -> list[str]:
+def walkthrough(config: EnvConfig, spec: dict[str, Any]) -> list[str]:
     """The commands that win the spec's game (checked at generation)."""
     return json.loads((game_file(config, spec).parent / "walkthrough.json").read_text())
 
@@ -257,7 +289,7 @@ class TextWorldEnv(TextGameEnv):
 
     # --- specs and rewrites -------------------------------------------------------------------
     @staticmethod
-    def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
+    def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:
         tw = config.options
         return [
             {"game": tw.game, "options": dict(tw.tw_make), "seed": (seed * 100_003 + slot) % 2**31}
@@ -265,7 +297,7 @@ class TextWorldEnv(TextGameEnv):
         ]
 
     @staticmethod
-    def validate_spec(config: "EnvConfig", spec: dict[str, Any]) -> None:
+    def validate_spec(config: EnvConfig, spec: dict[str, Any]) -> None:
         game_file(config, spec)  # parses, generates (or finds) the game and checks its walkthrough
 
     @staticmethod
@@ -322,7 +354,7 @@ class TextWorldEnv(TextGameEnv):
 
     # --- held-out problems (evaluation) -------------------------------------------------------
     @staticmethod
-    def heldout_specs(config: "EnvConfig", split: str, n: int, seed: int) -> list[dict[str, Any]]:
+    def heldout_specs(config: EnvConfig, split: str, n: int, seed: int) -> list[dict[str, Any]]:
         """in_domain: the training game type and options on evaluation seeds; ood: the same type
         two `rule_rewrite` steps harder (as far as the caps allow) and, for `custom`, a world two
         rooms bigger.

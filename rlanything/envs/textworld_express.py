@@ -25,8 +25,15 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from rlanything.envs.base import StepResult
-from rlanything.envs.textgame import JUDGE_HINT, SYSTEM_PROMPT, invalid_observation, observation, parse_json_box
-from rlanything.envs.textgame import resolve_command, tidy
+from rlanything.envs.textgame import (
+    JUDGE_HINT,
+    SYSTEM_PROMPT,
+    invalid_observation,
+    observation,
+    parse_json_box,
+    resolve_command,
+    tidy,
+)
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
@@ -35,13 +42,25 @@ PARAMS = {
     "twc": ("numLocations", "numItemsToPutAway", "includeDoors", "limitInventorySize"),
     "cookingworld": ("numLocations", "numDistractorItems", "numIngredients", "includeDoors", "limitInventorySize"),
     "coin": ("numLocations", "numDistractorItems", "includeDoors", "limitInventorySize"),
-    "mapreader": ("numLocations", "maxDistractorItemsPerLocation", "includeDoors", "limitInventorySize",
-                  "maxDistanceApart"),
+    "mapreader": (
+        "numLocations",
+        "maxDistractorItemsPerLocation",
+        "includeDoors",
+        "limitInventorySize",
+        "maxDistanceApart",
+    ),
     "simonsays": ("gameLength", "numDistractors", "memorization", "verbose"),
-    "arithmetic": (), "sorting": (), "peckingorder": (),
-}  # fmt: skip  (the games' "Known properties")
-MAIN_KNOB = {"twc": "numItemsToPutAway", "cookingworld": "numIngredients", "coin": "numLocations",
-             "mapreader": "numLocations", "simonsays": "gameLength"}  # fmt: skip
+    "arithmetic": (),
+    "sorting": (),
+    "peckingorder": (),
+}  # the games' "Known properties"
+MAIN_KNOB = {
+    "twc": "numItemsToPutAway",
+    "cookingworld": "numIngredients",
+    "coin": "numLocations",
+    "mapreader": "numLocations",
+    "simonsays": "gameLength",
+}
 
 _JVM = None
 _JVM_LOCK = threading.Lock()
@@ -101,7 +120,7 @@ class TextWorldExpressEnv:
     system_prompt = SYSTEM_PROMPT
     judge_hint = JUDGE_HINT
 
-    def __init__(self, config: "EnvConfig") -> None:
+    def __init__(self, config: EnvConfig) -> None:
         self.config = config
         self._game = None
         self._goal, self._commands = "", []
@@ -137,7 +156,7 @@ class TextWorldExpressEnv:
 
     # --- specs and rewrites -------------------------------------------------------------------
     @staticmethod
-    def initial_specs(config: "EnvConfig", seed: int) -> list[dict[str, Any]]:
+    def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:
         twx = config.options
         return [
             {"game": twx.game, "params": dict(twx.params), "seed": (seed * 100_003 + slot) % 2**31, "fold": twx.fold}
@@ -145,7 +164,7 @@ class TextWorldExpressEnv:
         ]
 
     @staticmethod
-    def validate_spec(config: "EnvConfig", spec: dict[str, Any]) -> None:
+    def validate_spec(config: EnvConfig, spec: dict[str, Any]) -> None:
         if not gold_path(spec):
             raise ValueError(f"TextWorld-Express gives no gold path for {spec}")
 
@@ -180,7 +199,7 @@ class TextWorldExpressEnv:
 
     # --- held-out problems (evaluation) -------------------------------------------------------
     @staticmethod
-    def heldout_specs(config: "EnvConfig", split: str, n: int, seed: int) -> list[dict[str, Any]]:
+    def heldout_specs(config: EnvConfig, split: str, n: int, seed: int) -> list[dict[str, Any]]:
         """Games of TextWorld-Express's own `test` fold (its held-out objects and rooms) on
         evaluation seeds. in_domain: the training game and parameters; ood: a bigger world
         (numLocations + 2 where the game has it) and the main knob one step harder.
@@ -201,5 +220,7 @@ class TextWorldExpressEnv:
             if knob is not None and knob != "numLocations":
                 params[knob] = int(params.get(knob, 1)) + 1
         avoid = [s["seed"] for s in TextWorldExpressEnv.initial_specs(config, seed)]
-        return [{"game": twx.game, "params": dict(params), "seed": s, "fold": "test"}
-                for s in heldout_seeds(split, n, avoid)]  # fmt: skip
+        return [
+            {"game": twx.game, "params": dict(params), "seed": s, "fold": "test"}
+            for s in heldout_seeds(split, n, avoid)
+        ]

@@ -31,7 +31,6 @@ from rlanything.storage import tracking
 from rlanything.storage.layout import RunLayout
 from rlanything.tasks.evaluate import eval_report, evaluate_split
 
-
 BASE = -1  # the "iteration" of a run's starting model (MLflow step -1, wall time 0)
 
 
@@ -73,29 +72,39 @@ def resolve_target(target: str, config_path: str | Path | None = None, runs: Pat
     name, at, iteration = target.rpartition("@") if "@" in target else (target, "", "")
     run_dir = (Path(name) if Path(name).is_dir() else runs / name).resolve()
     if not (run_dir / "config.yaml").is_file():
-        raise EvalTargetError(f"no run at {run_dir} (expected {run_dir / 'config.yaml'}), and {target!r} is no model folder")
+        raise EvalTargetError(
+            f"no run at {run_dir} (expected {run_dir / 'config.yaml'}), and {target!r} is no model folder"
+        )
     done = checkpoint_iterations(run_dir)
     layout = RunLayout(run_dir)
     if at and iteration == "base":  # the run's starting point: the first point of its curve
         from rlanything.models.loading import resolve_model_path
 
         model = load_config(layout.config).policy.model
-        return EvalTarget(Path(config_path) if config_path else layout.config, resolve_model_path(model), model,
-                          run_dir, BASE)  # fmt: skip
+        return EvalTarget(
+            Path(config_path) if config_path else layout.config, resolve_model_path(model), model, run_dir, BASE
+        )
     if at:
         if not iteration.isdigit():
             raise EvalTargetError(f"iteration {iteration!r} in {target!r} must be a number or base")
         if int(iteration) not in done:
-            raise EvalTargetError(f"run {run_dir.name} has no policy checkpoint of iteration {int(iteration)} "
-                                  f"(checkpoints: {done or 'none'})")  # fmt: skip
+            raise EvalTargetError(
+                f"run {run_dir.name} has no policy checkpoint of iteration {int(iteration)} "
+                f"(checkpoints: {done or 'none'})"
+            )
         chosen = int(iteration)
     elif not done:
         raise EvalTargetError(f"run {run_dir.name} has no policy checkpoint yet (no iteration finished its update)")
     else:
         chosen = done[-1]
     weights = layout.checkpoint("policy", chosen)
-    return EvalTarget(Path(config_path) if config_path else layout.config, weights,
-                      weights.relative_to(run_dir).as_posix(), run_dir, chosen)  # fmt: skip
+    return EvalTarget(
+        Path(config_path) if config_path else layout.config,
+        weights,
+        weights.relative_to(run_dir).as_posix(),
+        run_dir,
+        chosen,
+    )
 
 
 def eval_dir(run_dir: Path, iteration: int) -> Path:
@@ -107,14 +116,20 @@ def _model_run(config, target: EvalTarget) -> tuple[str, str]:
     """(MLflow run id, artifact folder) of a bare model's evaluation: a run of its own."""
     root = Path(config.run.root).resolve()
     key = f"eval:{target.label}:{config.digest()}"
-    run_id = tracking.get_or_create_run(config.mlflow_uri, config.run.experiment, root / "mlartifacts", Path(key),
-                                        f"eval {target.label}")  # fmt: skip
+    run_id = tracking.get_or_create_run(
+        config.mlflow_uri, config.run.experiment, root / "mlartifacts", Path(key), f"eval {target.label}"
+    )
     return run_id, "eval"
 
 
 @flow(name="rlanything-eval", flow_run_name="eval {target}")
-def eval_flow(target: str, config_path: str | None = None, overrides: list[str] | None = None,
-              split: str = "all", problems: int | None = None) -> dict:  # fmt: skip
+def eval_flow(
+    target: str,
+    config_path: str | None = None,
+    overrides: list[str] | None = None,
+    split: str = "all",
+    problems: int | None = None,
+) -> dict:
     """Evaluate `target` greedily on held-out problems of `split` (in_domain, ood, or all:
     the config's eval.splits) with `problems` per split (default eval.problems)."""
     resolved = resolve_target(target, config_path)
@@ -133,27 +148,58 @@ def eval_flow(target: str, config_path: str | None = None, overrides: list[str] 
         (run_id, artifact_path), step = _model_run(config, resolved), 0
     start = time.perf_counter()
     parts = [
-        evaluate_split(str(resolved.config_path), overrides, str(resolved.weights), resolved.label,
-                       str(resolved.run_dir) if resolved.run_dir else None, resolved.iteration, s,
-                       str(out / f"{s}.parquet"))  # fmt: skip
+        evaluate_split(
+            str(resolved.config_path),
+            overrides,
+            str(resolved.weights),
+            resolved.label,
+            str(resolved.run_dir) if resolved.run_dir else None,
+            resolved.iteration,
+            s,
+            str(out / f"{s}.parquet"),
+        )
         for s in splits
     ]
     title = f"held-out evaluation of {resolved.label}" + (f" (run {resolved.run_dir.name})" if resolved.run_dir else "")
-    details = {"weights": str(resolved.weights), "environment": config.env.kind, "decoding": "greedy (temperature 0)",
-               "problems per split": str(config.eval.problems), "answer fallback": config.env.answer_fallback}  # fmt: skip
+    details = {
+        "weights": str(resolved.weights),
+        "environment": config.env.kind,
+        "decoding": "greedy (temperature 0)",
+        "problems per split": str(config.eval.problems),
+        "answer fallback": config.env.answer_fallback,
+    }
     report = eval_report([p for part in parts for p in part["paths"]], str(out), title, details)
     metrics = {k: v for part in parts for k, v in part["metrics"].items()} | report["metrics"]
     metrics["eval/time_s"] = time.perf_counter() - start
     curves = _record(config.mlflow_uri, run_id, resolved, out, report, metrics, artifact_path, step)
-    return {"out_dir": str(out), "summary": report["splits"], "metrics": metrics, "mlflow_run_id": run_id,
-            "mlflow_uri": config.mlflow_uri, "curves": str(curves) if curves else None}  # fmt: skip
+    return {
+        "out_dir": str(out),
+        "summary": report["splits"],
+        "metrics": metrics,
+        "mlflow_run_id": run_id,
+        "mlflow_uri": config.mlflow_uri,
+        "curves": str(curves) if curves else None,
+    }
 
 
-def _record(uri: str, run_id: str, resolved: EvalTarget, out: Path, report: dict, metrics: dict[str, float],
-            artifact_path: str, step: int) -> Path | None:  # fmt: skip
+def _record(
+    uri: str,
+    run_id: str,
+    resolved: EvalTarget,
+    out: Path,
+    report: dict,
+    metrics: dict[str, float],
+    artifact_path: str,
+    step: int,
+) -> Path | None:
     """summary.json (the curve's point), MLflow metrics and files; a run's eval_curves.png redrawn."""
     wall = training_wall_time(resolved.run_dir, resolved.iteration) if resolved.run_dir else None
-    record = {"iteration": resolved.iteration, "weights": resolved.label, "splits": report["splits"], "wall_time_s": wall}
+    record = {
+        "iteration": resolved.iteration,
+        "weights": resolved.label,
+        "splits": report["splits"],
+        "wall_time_s": wall,
+    }
     (out / "summary.json").write_text(json.dumps(record, indent=2))
     tracking.log_metrics(uri, run_id, {k: v for k, v in metrics.items() if not math.isnan(v)}, step=step)
     tracking.log_artifacts(uri, run_id, [Path(p) for p in report["paths"]] + [out / "summary.json"], artifact_path)

@@ -63,9 +63,12 @@ def iteration_flow(run_dir: str, iteration: int) -> dict[str, float]:
         # Only now that the iteration is done: until then a resume reads the previous checkpoints.
         pruned = checkpoints.prune(layout, config.run.keep_checkpoints, iteration)
         tracking.log_metrics(config.mlflow_uri, layout.mlflow_run_id(), pruned.metrics(), step=iteration)
-        logger.info("checkpoints: removed %s (%d bytes); %d bytes on disk",
-                    [p.relative_to(layout.run_dir).as_posix() for p in pruned.removed] or "nothing",
-                    pruned.bytes_removed, pruned.bytes_on_disk)  # fmt: skip
+        logger.info(
+            "checkpoints: removed %s (%d bytes); %d bytes on disk",
+            [p.relative_to(layout.run_dir).as_posix() for p in pruned.removed] or "nothing",
+            pruned.bytes_removed,
+            pruned.bytes_on_disk,
+        )
     return metrics | pruned.metrics()
 
 
@@ -79,5 +82,7 @@ def _record(layout: RunLayout, iteration: int, metrics: dict[str, float], states
     write_text(json.dumps({"iteration": iteration, **metrics}, indent=2, sort_keys=True), summary)
     views = write_reports(layout, iteration, states, config.algo.band)
     tracking.log_artifacts(config.mlflow_uri, run_id, [summary, *views], f"iter_{iteration:04d}")
-    tracking.log_artifacts(config.mlflow_uri, run_id, views[:2], None)  # the latest curves and tasks plot on the run's front page
+    tracking.log_artifacts(
+        config.mlflow_uri, run_id, views[:2], None
+    )  # the latest curves and tasks plot on the run's front page
     write_text("done\n", layout.iteration_done(iteration))

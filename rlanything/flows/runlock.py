@@ -19,9 +19,9 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 _held: dict[Path, list] = {}  # lock path -> [open file, depth], in this process
 
@@ -67,10 +67,16 @@ def run_lock(run_dir: Path) -> Iterator[None]:
             f"run `rlanything resume {Path(run_dir).resolve()}`."
         ) from None
     handle.truncate(0)
-    handle.write(json.dumps({
-        "pid": os.getpid(), "host": socket.gethostname(),
-        "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv)[:300],
-    }))  # fmt: skip
+    handle.write(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "command": " ".join(sys.argv)[:300],
+            }
+        )
+    )
     handle.flush()
     _held[path] = [handle, 1]
     try:

@@ -103,25 +103,48 @@ def server_commands(root: Path, host: str, prefect_port: int, mlflow_port: int, 
     return {
         "prefect": {
             "command": [python, "-m", "prefect", "server", "start", "--host", host, "--port", str(prefect_port)],
-            "env": {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": f"http://{host}:{prefect_port}/api"},
-            "url": f"http://{host}:{prefect_port}", "health": f"http://{host}:{prefect_port}/api/health",
+            "env": {
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "PREFECT_UI_API_URL": f"http://{host}:{prefect_port}/api",
+            },
+            "url": f"http://{host}:{prefect_port}",
+            "health": f"http://{host}:{prefect_port}/api/health",
             "marker": "prefect",
         },
         "mlflow": {
-            "command": [python, "-m", "mlflow", "server", "--backend-store-uri", mlflow_uri,
-                        "--artifacts-destination", (root / "mlartifacts").as_uri(),
-                        "--host", host, "--port", str(mlflow_port), "--workers", "1"],
+            "command": [
+                python,
+                "-m",
+                "mlflow",
+                "server",
+                "--backend-store-uri",
+                mlflow_uri,
+                "--artifacts-destination",
+                (root / "mlartifacts").as_uri(),
+                "--host",
+                host,
+                "--port",
+                str(mlflow_port),
+                "--workers",
+                "1",
+            ],
             "env": {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-            "url": f"http://{host}:{mlflow_port}", "health": f"http://{host}:{mlflow_port}/health",
+            "url": f"http://{host}:{mlflow_port}",
+            "health": f"http://{host}:{mlflow_port}/health",
             "marker": "mlflow",
         },
-    }  # fmt: skip
+    }
 
 
 def start_servers(
-    root: str | Path, *, host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5000,
-    mlflow_uri: str | None = None, timeout: float = 180.0,
-) -> dict[str, dict]:  # fmt: skip
+    root: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    prefect_port: int = 4200,
+    mlflow_port: int = 5000,
+    mlflow_uri: str | None = None,
+    timeout: float = 180.0,
+) -> dict[str, dict]:
     """Start whichever of Prefect and MLflow is not running yet; wait until both answer.
     -> the state of both. Raises ServerError (after stopping what it started) on failure."""
     root = Path(root).resolve()
@@ -140,12 +163,24 @@ def start_servers(
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                spec["command"], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env={**os.environ, **spec["env"]}, cwd=root, start_new_session=True,  # its own group; detached:
+                spec["command"],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **spec["env"]},
+                cwd=root,
+                start_new_session=True,  # its own group; detached:
                 # not guarded by rlanything.procs, it outlives the CLI until `server stop`
-            )  # fmt: skip
-        entry = {"pid": proc.pid, "group": True, "url": spec["url"], "health": spec["health"], "log": str(log),
-                 "marker": spec["marker"], "command": spec["command"]}  # fmt: skip
+            )
+        entry = {
+            "pid": proc.pid,
+            "group": True,
+            "url": spec["url"],
+            "health": spec["health"],
+            "log": str(log),
+            "marker": spec["marker"],
+            "command": spec["command"],
+        }
         record(root, name, entry)
         started.append(name)
     deadline = time.monotonic() + timeout
@@ -183,11 +218,16 @@ def stop_servers(root: str | Path) -> list[str]:
 def server_status(root: str | Path) -> list[dict]:
     """One row per recorded service: name, pid, running, answering, url, log."""
     return [
-        {"name": name, "pid": entry["pid"], "running": _is_ours(entry),
-         "answering": healthy(entry["health"]) if entry.get("health") else None,
-         "url": entry.get("url", ""), "log": entry.get("log", "")}
+        {
+            "name": name,
+            "pid": entry["pid"],
+            "running": _is_ours(entry),
+            "answering": healthy(entry["health"]) if entry.get("health") else None,
+            "url": entry.get("url", ""),
+            "log": entry.get("log", ""),
+        }
         for name, entry in sorted(read_state(root).items(), key=lambda kv: SERVICES.index(kv[0]))
-    ]  # fmt: skip
+    ]
 
 
 def prefect_api_url(root: str | Path) -> str | None:
@@ -200,21 +240,40 @@ def prefect_api_url(root: str | Path) -> str | None:
 
 
 def serve_training(
-    root: str | Path, *, config_path: str, overrides: list[str], iterations: int | None, name: str,
-    cron: str | None, interval: int | None,
-) -> None:  # fmt: skip
+    root: str | Path,
+    *,
+    config_path: str,
+    overrides: list[str],
+    iterations: int | None,
+    name: str,
+    cron: str | None,
+    interval: int | None,
+) -> None:
     """Register `rlanything-train/<name>` with these default parameters (editable per run in
     the UI's Custom run) and optional schedule, then execute its runs until SIGTERM/Ctrl-C.
     Needs PREFECT_API_URL in the environment before Prefect is imported."""
     from rlanything.flows.training import train_flow
 
-    record(root, "serve", {"pid": os.getpid(), "group": False, "marker": "rlanything",
-                           "url": f"{os.environ['PREFECT_API_URL'].removesuffix('/api')}/deployments",
-                           "command": sys.argv, "deployment": f"{train_flow.name}/{name}"})  # fmt: skip
+    record(
+        root,
+        "serve",
+        {
+            "pid": os.getpid(),
+            "group": False,
+            "marker": "rlanything",
+            "url": f"{os.environ['PREFECT_API_URL'].removesuffix('/api')}/deployments",
+            "command": sys.argv,
+            "deployment": f"{train_flow.name}/{name}",
+        },
+    )
     try:
         train_flow.serve(
             name=name,
-            parameters={"config_path": str(Path(config_path).resolve()), "overrides": overrides, "iterations": iterations},
+            parameters={
+                "config_path": str(Path(config_path).resolve()),
+                "overrides": overrides,
+                "iterations": iterations,
+            },
             cron=cron,
             interval=interval,
             description="RLAnything training: each iteration is a subflow of seven steps. Parameters: a config "

@@ -48,10 +48,14 @@ def run_on_deployment(deployment: str, run_dir: str, iteration: int, step: str, 
     parameters = {"run_dir": run_dir, "iteration": iteration, "step": step, "refresh": refresh}
     flow_run = run_deployment(deployment, parameters=parameters, timeout=None, poll_interval=1)
     if not flow_run.state.is_completed():
-        raise RemoteStepError(f"step {step} of iteration {iteration} on {deployment}: flow run {flow_run.name!r} "
-                              f"ended {flow_run.state.name}: {flow_run.state.message}")  # fmt: skip
+        raise RemoteStepError(
+            f"step {step} of iteration {iteration} on {deployment}: flow run {flow_run.name!r} "
+            f"ended {flow_run.state.name}: {flow_run.state.message}"
+        )
     record = RunLayout(Path(run_dir)).prefect_results / step_key(run_dir, iteration, step)
     if not record.exists():
-        raise RemoteStepError(f"step {step} ran on {deployment} but its result record {record} is not here: "
-                              "the run folder must be at the same path on a filesystem every worker sees")  # fmt: skip
+        raise RemoteStepError(
+            f"step {step} ran on {deployment} but its result record {record} is not here: "
+            "the run folder must be at the same path on a filesystem every worker sees"
+        )
     return f"{flow_run.state.message or flow_run.state.name} on {deployment}"

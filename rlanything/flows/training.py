@@ -72,6 +72,10 @@ def train_flow(config_path: str, overrides: list[str] | None = None, iterations:
             raise
         tracking.set_terminated(config.mlflow_uri, run_id, "FINISHED")
     return {
-        "run_dir": str(layout.run_dir), "mlflow_uri": config.mlflow_uri, "mlflow_run_id": run_id,
-        "experiment": config.run.experiment, "iterations": config.run.iterations, "last_metrics": metrics,
-    }  # fmt: skip
+        "run_dir": str(layout.run_dir),
+        "mlflow_uri": config.mlflow_uri,
+        "mlflow_run_id": run_id,
+        "experiment": config.run.experiment,
+        "iterations": config.run.iterations,
+        "last_metrics": metrics,
+    }

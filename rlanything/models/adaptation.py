@@ -32,8 +32,14 @@ def failed_steps(outcomes: pd.DataFrame, judgments: pd.DataFrame, steps: pd.Data
     for (traj_id, step_idx), group in judged.groupby(["traj_id", "step_idx"], sort=True):
         if (group.step_score == -1).all():
             row = steps[(steps.traj_id == traj_id) & (steps.step_idx == step_idx)].iloc[0]
-            out.append({"traj_id": int(traj_id), "step_idx": int(step_idx), "response": row.response,
-                        "reasons": list(group.sort_values("judge_idx").reasoning)})  # fmt: skip
+            out.append(
+                {
+                    "traj_id": int(traj_id),
+                    "step_idx": int(step_idx),
+                    "response": row.response,
+                    "reasons": list(group.sort_values("judge_idx").reasoning),
+                }
+            )
         if len(out) == limit:
             break
     return out
@@ -71,8 +77,9 @@ def rewrite_messages(task: str, instructions: str, direction: str, critic_summar
 
 
 class ModelRewriter:
-    def __init__(self, engine: GenerationEngine, tokenizer, max_new_tokens: int, temperature: float,
-                 top_p: float = 1.0):  # fmt: skip
+    def __init__(
+        self, engine: GenerationEngine, tokenizer, max_new_tokens: int, temperature: float, top_p: float = 1.0
+    ):
         self.engine, self.tokenizer = engine, tokenizer
         self.kw = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
 
@@ -82,7 +89,9 @@ class ModelRewriter:
 
     def propose(self, requests, attempts, seed):
         prompts = [
-            render(self.tokenizer, rewrite_messages(r["task"], r["instructions"], r["direction"], r["critic_summary"]))[1]
+            render(self.tokenizer, rewrite_messages(r["task"], r["instructions"], r["direction"], r["critic_summary"]))[
+                1
+            ]
             for r in requests
             for _ in range(attempts)
         ]

@@ -36,9 +36,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -146,10 +146,16 @@ def run_update(
         model.to(resolve_device(job.device))  # before the optimizer: its resumed moments land there too
     optimizer = make_optimizer(model, job.lr, job.weight_decay, _optimizer_state(job))
     kwargs = dict(
-        pad_id=tokenizer.pad_token_id, temperature=job.temperature, clip_eps=job.clip_eps, kl_beta=job.kl_beta,
-        grad_clip=job.grad_clip, updates=job.updates, micro_batch_size=job.micro_batch_size, seed=job.seed,
+        pad_id=tokenizer.pad_token_id,
+        temperature=job.temperature,
+        clip_eps=job.clip_eps,
+        kl_beta=job.kl_beta,
+        grad_clip=job.grad_clip,
+        updates=job.updates,
+        micro_batch_size=job.micro_batch_size,
+        seed=job.seed,
         on_micro_batch=on_micro_batch,
-    )  # fmt: skip
+    )
     if backend == "torch":
         history = ppo_update(model, optimizer, samples, backend=TorchBackend(), **kwargs)
         _save(model.cpu(), tokenizer, optimizer, job)
@@ -167,8 +173,11 @@ def _accelerate_update(job, model, tokenizer, optimizer, samples, kwargs) -> lis
     accelerator = Accelerator()  # configured by `accelerate launch` (env), else one process
     deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
     rank, world = _rank_world()
-    print(f"rlanything update {job.extra}: {accelerator.distributed_type} on {accelerator.device}, "
-          f"process {rank}/{world}", flush=True)  # fmt: skip
+    print(
+        f"rlanything update {job.extra}: {accelerator.distributed_type} on {accelerator.device}, "
+        f"process {rank}/{world}",
+        flush=True,
+    )
     lora = _lora(job).enabled
     if deepspeed:
         if accelerator.state.deepspeed_plugin.zero_stage == 3 and lora:
@@ -205,12 +214,14 @@ def write_job(job: UpdateJob, samples: list[Sample], path: Path) -> Path:
     import pyarrow.parquet as pq
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.table({
-        "input_ids": pa.array([s.input_ids for s in samples], pa.list_(pa.int32())),
-        "response_len": pa.array([s.response_len for s in samples], pa.int32()),
-        "old_logprobs": pa.array([s.old_logprobs for s in samples], pa.list_(pa.float32())),
-        "advantage": pa.array([s.advantage for s in samples], pa.float32()),
-    })  # fmt: skip
+    table = pa.table(
+        {
+            "input_ids": pa.array([s.input_ids for s in samples], pa.list_(pa.int32())),
+            "response_len": pa.array([s.response_len for s in samples], pa.int32()),
+            "old_logprobs": pa.array([s.old_logprobs for s in samples], pa.list_(pa.float32())),
+            "advantage": pa.array([s.advantage for s in samples], pa.float32()),
+        }
+    )
     pq.write_table(table, f"{path}.samples.parquet")
     path.write_text(json.dumps(asdict(job), indent=1))
     return path
@@ -238,7 +249,10 @@ def launch_update(job: UpdateJob, samples: list[Sample], launch: list[str], job_
     with open(log, "w") as out:
         # Its own process group (the launcher and its workers), killed with this process even on SIGKILL.
         proc = procs.spawn(
-            [*launch, "-m", "rlanything.models.distributed", str(job_path)], stdout=out, stderr=subprocess.STDOUT, env=env
+            [*launch, "-m", "rlanything.models.distributed", str(job_path)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
         try:
             proc.wait()

@@ -10,8 +10,9 @@ same code path).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList
@@ -72,12 +73,22 @@ class PrefixCache:
 
 class GenerationEngine(Protocol):
     def generate(
-        self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float, seed: int,
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int,
         prefix_cache: PrefixCache | None = None,
     ) -> list[Generation]: ...
 
     def score(
-        self, prompts: list[list[int]], continuations: list[list[int]], *, temperature: float,
+        self,
+        prompts: list[list[int]],
+        continuations: list[list[int]],
+        *,
+        temperature: float,
         prefix_cache: PrefixCache | None = None,
     ) -> list[list[float]]:
         """Teacher-forced log-probs of each continuation after its prompt."""
@@ -107,8 +118,13 @@ def last_logprobs(model, ids, attn, width: int, temperature: float, cache: Dynam
     width+1 positions go through the LM head (`logits_to_keep`)."""
     start = cache.get_seq_length() if cache is not None else 0
     past = {} if cache is None else {"past_key_values": cache}  # wrapped models (DDP, peft) get no new kwarg
-    logits = model(input_ids=ids[:, start:], attention_mask=attn, position_ids=positions(attn)[:, start:],
-                   logits_to_keep=width + 1, **past).logits  # fmt: skip
+    logits = model(
+        input_ids=ids[:, start:],
+        attention_mask=attn,
+        position_ids=positions(attn)[:, start:],
+        logits_to_keep=width + 1,
+        **past,
+    ).logits
     return token_logprobs(logits[:, :-1].float(), ids[:, -width:], temperature)
 
 
@@ -164,8 +180,15 @@ class StepLogprobs(LogitsProcessor):
 class TransformersEngine:
     """Batched `model.generate` on CPU or GPU, sorted by prompt length to limit padding."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 32, on_batch: Callable[[int], None] | None = None,
-                 weights: str = "", keep_bytes: float = float("inf")):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        batch_size: int = 32,
+        on_batch: Callable[[int], None] | None = None,
+        weights: str = "",
+        keep_bytes: float = float("inf"),
+    ):
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.keep_bytes = keep_bytes  # KV a PrefixCache may hold (config: kv_reuse_gb)
         self.weights = weights  # the folder the model was loaded from (recorded with every sample)
@@ -180,10 +203,17 @@ class TransformersEngine:
     @torch.no_grad()
     def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed, prefix_cache=None):
         # temperature 0 is greedy decoding (evaluation): argmax tokens, log-probs at temperature 1
-        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else dict(do_sample=False)
+        sampling = (
+            dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+            if temperature > 0
+            else dict(do_sample=False)
+        )
         config = GenerationConfig(
-            **sampling, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id, eos_token_id=self.eos_ids,
-        )  # fmt: skip
+            **sampling,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_ids,
+        )
         results: list[Generation | None] = [None] * len(prompts)
         kept = []  # this call's rows for the next call's prefix_cache
         for b, idx in enumerate(self._batches(prompts)):
@@ -206,9 +236,12 @@ class TransformersEngine:
             torch.manual_seed(seed + b)
             recorder = StepLogprobs(temperature if temperature > 0 else 1.0)
             sequences = self.model.generate(
-                input_ids=ids, attention_mask=attn, past_key_values=cache,
-                generation_config=config, logits_processor=LogitsProcessorList([recorder]),
-            )  # fmt: skip
+                input_ids=ids,
+                attention_mask=attn,
+                past_key_values=cache,
+                generation_config=config,
+                logits_processor=LogitsProcessorList([recorder]),
+            )
             new = sequences[:, ids.shape[1] :]  # (B, S)
             logprobs = recorder.finish(new)  # (B, S), from the logits that sampled each token
             for row, i in enumerate(idx):
@@ -253,8 +286,9 @@ class TransformersEngine:
         return cache, ids.to(self.model.device), attn.to(self.model.device)
 
     @staticmethod
-    def _keep(cache: DynamicCache, sequences: torch.Tensor, attn: torch.Tensor, tokens: list[list[int]],
-              budget: float) -> list:  # fmt: skip
+    def _keep(
+        cache: DynamicCache, sequences: torch.Tensor, attn: torch.Tensor, tokens: list[list[int]], budget: float
+    ) -> list:
         """Each row's KV after generate, without pad columns, for the next call: rows of
         `PrefixCache`, as many as fit in `budget` bytes. `tokens`: each row's prompt + kept
         generated tokens (not the pads after an EOS). Caches with other than full-attention
@@ -291,8 +325,14 @@ class TransformersEngine:
         unique = torch.tensor([source.index(k) for k in range(len(slot))], device=ids.device)  # first rows
         prefix_ids, prefix_attn = ids[unique, :-1], attn[unique, :-1]
         cache = DynamicCache(config=self.model.config)
-        self.model(input_ids=prefix_ids, attention_mask=prefix_attn, past_key_values=cache, use_cache=True,
-                   position_ids=positions(prefix_attn), logits_to_keep=1)  # fmt: skip
+        self.model(
+            input_ids=prefix_ids,
+            attention_mask=prefix_attn,
+            past_key_values=cache,
+            use_cache=True,
+            position_ids=positions(prefix_attn),
+            logits_to_keep=1,
+        )
         cache.reorder_cache(torch.tensor(source, device=ids.device))  # index_select: row r gets its prompt's cache
         return cache
 
@@ -330,7 +370,9 @@ def eos_ids_of(model_dir, tokenizer) -> list[int]:
     return eos_ids(eos, tokenizer)
 
 
-def finish(tokens: list[int], logprobs: list[float], eos: list[int], tokenizer, reason: str | None = None) -> Generation:
+def finish(
+    tokens: list[int], logprobs: list[float], eos: list[int], tokenizer, reason: str | None = None
+) -> Generation:
     """A `Generation` from sampled tokens, cut after the first EOS id (kept, it ends the turn).
 
     finish_reason is "stop" when an EOS id ended it; otherwise the engine's own `reason` if it
@@ -350,8 +392,14 @@ def make_engine(section, role: str, model_dir, on_batch: Callable[[int], None] |
     tokenizer = load_tokenizer(model_dir)
     if section.engine == "transformers":
         model = load_model(model_dir, section.dtype, section.device)
-        engine = TransformersEngine(model, tokenizer, section.batch_size, on_batch, weights=str(model_dir),
-                                    keep_bytes=section.kv_reuse_gb * 2**30)  # fmt: skip
+        engine = TransformersEngine(
+            model,
+            tokenizer,
+            section.batch_size,
+            on_batch,
+            weights=str(model_dir),
+            keep_bytes=section.kv_reuse_gb * 2**30,
+        )
         return engine, tokenizer
     from rlanything.models.vllm_engine import VllmEngine, shared_server
 

@@ -46,11 +46,17 @@ def judge_steps(
     # prompt + reasoning again: the engine reuses their KV (engine.PrefixCache)
     cache = prefix_cache if prefix_cache is not None else PrefixCache()
     gens = engine.generate(
-        [prompts[k][1] for k, _ in jobs], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-        seed=seed, prefix_cache=cache,
-    )  # fmt: skip
+        [prompts[k][1] for k, _ in jobs],
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        prefix_cache=cache,
+    )
     if verdict == "constrained":
-        verdicts = _constrained_verdicts(engine, tokenizer, [prompts[k][1] for k, _ in jobs], gens, temperature, seed, cache)
+        verdicts = _constrained_verdicts(
+            engine, tokenizer, [prompts[k][1] for k, _ in jobs], gens, temperature, seed, cache
+        )
     elif verdict != "free":
         raise ValueError(f"unknown verdict mode {verdict!r}")
     rows = []
@@ -61,16 +67,29 @@ def judge_steps(
         else:
             reasoning, response_ids, logprobs, score, raw_box = verdicts[n]
         step = steps[k]
-        rows.append({
-            "traj_id": step["traj_id"], "task_id": step["task_id"], "step_idx": step["step_idx"],
-            "judge_idx": j, "verdict_mode": verdict, "prompt": prompts[k][0], "reasoning": reasoning,
-            "raw_box": raw_box, "step_score": score or 0, "parsed": score is not None,
-            "prompt_ids": prompts[k][1], "response_ids": response_ids, "logprobs": logprobs,
-        })  # fmt: skip
+        rows.append(
+            {
+                "traj_id": step["traj_id"],
+                "task_id": step["task_id"],
+                "step_idx": step["step_idx"],
+                "judge_idx": j,
+                "verdict_mode": verdict,
+                "prompt": prompts[k][0],
+                "reasoning": reasoning,
+                "raw_box": raw_box,
+                "step_score": score or 0,
+                "parsed": score is not None,
+                "prompt_ids": prompts[k][1],
+                "response_ids": response_ids,
+                "logprobs": logprobs,
+            }
+        )
     return rows
 
 
-def _constrained_verdicts(engine, tokenizer, prompts, gens, temperature: float, seed: int, cache: PrefixCache) -> list[tuple]:
+def _constrained_verdicts(
+    engine, tokenizer, prompts, gens, temperature: float, seed: int, cache: PrefixCache
+) -> list[tuple]:
     """For each reasoning, sample ±1 from p("1") vs p("-1") after an appended "\\boxed{"."""
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     opener, closer = encode("\n\\boxed{"), encode("}")

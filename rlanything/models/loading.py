@@ -28,8 +28,8 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 from urllib.parse import parse_qsl, urlsplit
 
 from rlanything.paths import cache_dir
@@ -92,9 +92,7 @@ def smollm2_tokenizer_dir() -> Path:
     def build(tmp: Path) -> None:
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, local_files_only=True
-        )
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         if tok.chat_template is None:
             raise ValueError(f"{gguf} carries no chat template")
         _ensure_pad_token(tok)
@@ -227,8 +225,9 @@ def resolve_device(device: str = "auto"):
     if placed.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if (placed.index or 0) >= count:
-            raise ValueError(f"device {device!r} asked for, but this machine has {count} CUDA GPU(s): "
-                             "use device auto or cpu")  # fmt: skip
+            raise ValueError(
+                f"device {device!r} asked for, but this machine has {count} CUDA GPU(s): use device auto or cpu"
+            )
     return placed
 
 
@@ -248,9 +247,7 @@ def load_model(path: Path, dtype: str = "float32", device: str = "cpu"):
     placed = resolve_device(device)
     if is_adapter_only(Path(path)):  # a LoRA checkpoint saved with `lora.save: adapter`
         return load_merged(Path(path), dtype).to(placed)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, local_files_only=True, dtype=getattr(torch, dtype)
-    )
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=getattr(torch, dtype))
     return model.to(placed).eval()
 
 

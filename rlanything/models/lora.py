@@ -51,9 +51,13 @@ def add_adapters(model, lora, seed: int = 0):
 
     targets = "all-linear" if lora.target_modules == ["all-linear"] else list(lora.target_modules)
     config = peft.LoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
-        bias="none", task_type="CAUSAL_LM",
-    )  # fmt: skip
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return peft.get_peft_model(model, config)

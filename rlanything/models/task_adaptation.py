@@ -53,15 +53,28 @@ def judge_pending(
         acc = accuracy.get(row.task_id)  # None: every rollout of it failed in the environment
         ok, reason = judge_rewrite(row.direction, float(row.parent_accuracy), acc, low, high)
         buffer = settle_pending(buffer, row.task_id, ok, reason, acc, iteration)
-        judged.append({"task_id": row.task_id, "accuracy": acc, "parent_accuracy": float(row.parent_accuracy),
-                       "decision": "accepted" if ok else "rejected", "reason": reason})  # fmt: skip
+        judged.append(
+            {
+                "task_id": row.task_id,
+                "accuracy": acc,
+                "parent_accuracy": float(row.parent_accuracy),
+                "decision": "accepted" if ok else "rejected",
+                "reason": reason,
+            }
+        )
     return buffer.copy(), judged
 
 
 def adapt(
-    config, env_cls, iteration: int, before: pd.DataFrame, outcomes: pd.DataFrame, judgments: pd.DataFrame,
-    steps: pd.DataFrame, episodes: pd.DataFrame,
-) -> tuple[list[dict], pd.DataFrame]:  # fmt: skip
+    config,
+    env_cls,
+    iteration: int,
+    before: pd.DataFrame,
+    outcomes: pd.DataFrame,
+    judgments: pd.DataFrame,
+    steps: pd.DataFrame,
+    episodes: pd.DataFrame,
+) -> tuple[list[dict], pd.DataFrame]:
     """One iteration's task adaptation from the buffer it started with (`before`) and its
     outcomes, judgments, rollouts and episodes -> (adaptation rows, the next buffer)."""
     valid = outcomes[outcomes.valid]
@@ -69,9 +82,17 @@ def adapt(
     counts = outcomes.groupby("task_id").size()
     low, high = config.algo.band
     buffer, judged = judge_pending(before, accuracy, iteration, low, high)
-    rows = [{**_ids(before, j["task_id"]), "role": "pending", "num_rollouts": int(counts.get(j["task_id"], 0)),
-             "attempts": 0, "direction": before.set_index("task_id").direction[j["task_id"]], **j}
-            for j in judged]  # fmt: skip
+    rows = [
+        {
+            **_ids(before, j["task_id"]),
+            "role": "pending",
+            "num_rollouts": int(counts.get(j["task_id"], 0)),
+            "attempts": 0,
+            "direction": before.set_index("task_id").direction[j["task_id"]],
+            **j,
+        }
+        for j in judged
+    ]
     measured = buffer.task_id.map(accuracy)
     buffer["accuracy"] = measured.where(measured.notna(), buffer.accuracy)  # latest measurement
 
@@ -80,8 +101,14 @@ def adapt(
     for task in regular.itertuples(index=False):
         acc = accuracy.get(task.task_id)
         direction = adaptation_direction(acc, low, high) if acc is not None else None
-        row = {**_ids(before, task.task_id), "role": "regular", "accuracy": acc,
-               "num_rollouts": int(counts[task.task_id]), "direction": direction, "attempts": 0}  # fmt: skip
+        row = {
+            **_ids(before, task.task_id),
+            "role": "regular",
+            "accuracy": acc,
+            "num_rollouts": int(counts[task.task_id]),
+            "direction": direction,
+            "attempts": 0,
+        }
         slot_busy = ((buffer.slot == task.slot) & (buffer.status == "pending")).any()
         retired = buffer.loc[buffer.task_id == task.task_id, "status"].iloc[0] != "active"  # just replaced
         if direction is None:
@@ -119,7 +146,7 @@ def rewrite(config, env_cls, iteration, buffer, requests, outcomes, judgments, s
     if config.adapt.critic == "model" or config.adapt.rewriter == "model":
         model_rewriter = environment_model(config)
     for r in requests:
-        of = lambda frame: frame[frame.task_id == r["task_id"]]  # noqa: E731
+        of = lambda frame, task_id=r["task_id"]: frame[frame.task_id == task_id]  # noqa: E731
         r["spec"] = json.loads(buffer[buffer.task_id == r["task_id"]].spec.iloc[0])
         r["task"] = of(episodes).first_observation.iloc[0]
         r["items"] = failed_steps(of(outcomes), of(judgments), of(steps), config.adapt.critic_steps)

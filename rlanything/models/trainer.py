@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ContextManager, Protocol
+from typing import Protocol
 
 import torch
 
@@ -39,7 +41,7 @@ class TrainBackend(Protocol):
     rank: int  # this process's index among world_size processes sharing each mini-batch
     world_size: int
 
-    def accumulate(self, model, sync: bool) -> ContextManager:
+    def accumulate(self, model, sync: bool) -> AbstractContextManager:
         """Context of one micro-batch's forward + backward; `sync` marks the mini-batch's last."""
         ...
 
@@ -59,7 +61,7 @@ class TorchBackend:
 
     rank, world_size = 0, 1
 
-    def accumulate(self, model, sync: bool) -> ContextManager:
+    def accumulate(self, model, sync: bool) -> AbstractContextManager:
         return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -174,9 +176,15 @@ def ppo_update(
             on_micro_batch(len(micro))
         grad_norm = backend.clip_and_step(model, optimizer, grad_clip)
         summed = backend.reduce_sum([totals[k] for k in keys] + [num_tokens])
-        history.append({
-            "update_idx": update_idx, "num_samples": len(mini), "num_tokens": int(summed[-1]),
-            **dict(zip(keys, summed[:-1])), "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"],
-        })  # fmt: skip
+        history.append(
+            {
+                "update_idx": update_idx,
+                "num_samples": len(mini),
+                "num_tokens": int(summed[-1]),
+                **dict(zip(keys, summed[:-1])),
+                "grad_norm": float(grad_norm),
+                "lr": optimizer.param_groups[0]["lr"],
+            }
+        )
     model.eval()
     return history

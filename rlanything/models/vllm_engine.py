@@ -38,9 +38,9 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 from rlanything import procs
 from rlanything.models.engine import Generation, finish
@@ -75,12 +75,31 @@ class VllmServer:
     def command(self, port: int) -> list[str]:
         c = self.config
         return [
-            c.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-            "--served-model-name", SERVED_NAME, "--host", c.host, "--port", str(port), "--dtype", self.dtype,
-            "--max-model-len", str(c.max_model_len), "--tensor-parallel-size", str(c.tensor_parallel_size),
-            "--gpu-memory-utilization", str(c.gpu_memory_utilization), "--logprobs-mode", "processed_logprobs",
-            "--seed", "0", *c.extra_args,
-        ]  # fmt: skip
+            c.python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            SERVED_NAME,
+            "--host",
+            c.host,
+            "--port",
+            str(port),
+            "--dtype",
+            self.dtype,
+            "--max-model-len",
+            str(c.max_model_len),
+            "--tensor-parallel-size",
+            str(c.tensor_parallel_size),
+            "--gpu-memory-utilization",
+            str(c.gpu_memory_utilization),
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--seed",
+            "0",
+            *c.extra_args,
+        ]
 
     def _launch(self) -> str:
         port = self.config.port or _free_port(self.config.host)
@@ -157,8 +176,14 @@ def shared_server(role: str, config, model_dir: Path, dtype: str, log_path: Path
 class VllmEngine:
     """`GenerationEngine` over a `VllmServer`; same outputs as `TransformersEngine`."""
 
-    def __init__(self, server: VllmServer, tokenizer, eos_ids: list[int], concurrency: int = 64,
-                 on_batch: Callable[[int], None] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        server: VllmServer,
+        tokenizer,
+        eos_ids: list[int],
+        concurrency: int = 64,
+        on_batch: Callable[[int], None] | None = None,
+    ):
         self.server, self.tokenizer, self.eos_ids = server, tokenizer, sorted(set(eos_ids))
         self.concurrency = concurrency
         self.on_batch = on_batch or (lambda n: None)
@@ -185,11 +210,20 @@ class VllmEngine:
 
         def one(item: tuple[int, list[int]]) -> Generation:
             i, prompt = item
-            choice = self._post({
-                "prompt": prompt, "max_tokens": max_new_tokens, "temperature": temperature, "top_p": 1.0,
-                "top_k": -1, "seed": seed * 100_003 + i, "logprobs": 0, "return_token_ids": True,
-                "stop_token_ids": self.eos_ids, "skip_special_tokens": False,
-            })  # fmt: skip
+            choice = self._post(
+                {
+                    "prompt": prompt,
+                    "max_tokens": max_new_tokens,
+                    "temperature": temperature,
+                    "top_p": 1.0,
+                    "top_k": -1,
+                    "seed": seed * 100_003 + i,
+                    "logprobs": 0,
+                    "return_token_ids": True,
+                    "stop_token_ids": self.eos_ids,
+                    "skip_special_tokens": False,
+                }
+            )
             tokens = list(choice["token_ids"])
             logprobs = [float(lp) for lp in choice["logprobs"]["token_logprobs"]]
             self.on_batch(1)
@@ -203,10 +237,15 @@ class VllmEngine:
 
         def one(pair: tuple[list[int], list[int]]) -> list[float]:
             prompt, continuation = pair
-            choice = self._post({
-                "prompt": prompt + continuation, "max_tokens": 1, "temperature": 1.0,
-                "prompt_logprobs": 0, "return_token_ids": True,
-            })  # fmt: skip
+            choice = self._post(
+                {
+                    "prompt": prompt + continuation,
+                    "max_tokens": 1,
+                    "temperature": 1.0,
+                    "prompt_logprobs": 0,
+                    "return_token_ids": True,
+                }
+            )
             entries = choice["prompt_logprobs"][len(prompt) :]  # one {token_id: {logprob,...}} per position
             ids = prompt + continuation
             return [float(entry[str(ids[len(prompt) + k])]["logprob"]) for k, entry in enumerate(entries)]

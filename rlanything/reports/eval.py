@@ -22,7 +22,7 @@ def pct(value: float) -> str:
 
 
 def ci_text(row) -> str:
-    """"37.5% [25.1%, 51.8%]" for a summary row (accuracy and its 95% Wilson interval)."""
+    """ "37.5% [25.1%, 51.8%]" for a summary row (accuracy and its 95% Wilson interval)."""
     return f"{pct(row['accuracy'])} [{pct(row['ci_low'])}, {pct(row['ci_high'])}]"
 
 
@@ -31,15 +31,24 @@ def summary_markdown(summary: pd.DataFrame, title: str, details: dict[str, str])
     answer-fallback accuracies side by side, format rate, environment failures)."""
     lines = [f"# {title}", ""]
     lines += [f"- {key}: {value}" for key, value in details.items()]
-    lines += ["", "| split | env | n | accuracy [95% CI] | strict (boxed) [95% CI] | answer fallback | format rate "
-              "| env errors |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| split | env | n | accuracy [95% CI] | strict (boxed) [95% CI] | answer fallback | format rate "
+        "| env errors |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for _, row in summary.iterrows():
         strict = f"{pct(row['strict_accuracy'])} [{pct(row['strict_ci_low'])}, {pct(row['strict_ci_high'])}]"
-        lines.append(f"| {row['split']} | {row['env_kind']} | {int(row['n'])} | {ci_text(row)} | {strict} | "
-                     f"{pct(row['fallback_accuracy'])} | {pct(row['format_rate'])} | {int(row['env_errors'])} |")  # fmt: skip
-    lines += ["", "Accuracy counts an episode solved with the environment's answer fallback (an unboxed "
-              "response read as its last number); strict counts it only when no step needed the fallback. "
-              "Format rate: episodes whose every answer was boxed. Intervals: Wilson score, 95%."]  # fmt: skip
+        lines.append(
+            f"| {row['split']} | {row['env_kind']} | {int(row['n'])} | {ci_text(row)} | {strict} | "
+            f"{pct(row['fallback_accuracy'])} | {pct(row['format_rate'])} | {int(row['env_errors'])} |"
+        )
+    lines += [
+        "",
+        "Accuracy counts an episode solved with the environment's answer fallback (an unboxed "
+        "response read as its last number); strict counts it only when no step needed the fallback. "
+        "Format rate: episodes whose every answer was boxed. Intervals: Wilson score, 95%.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -47,9 +56,11 @@ def plot_splits(summary: pd.DataFrame, title: str, out: Path) -> Path:
     """A bar per split and measure (accuracy, strict accuracy, format rate), 95% CIs as whiskers."""
     fig = Figure(figsize=(7, 4), layout="constrained")
     ax = fig.subplots()
-    measures = [("accuracy", "ci_low", "ci_high", "tab:blue"),
-                ("strict_accuracy", "strict_ci_low", "strict_ci_high", "tab:green"),
-                ("format_rate", None, None, "tab:grey")]  # fmt: skip
+    measures = [
+        ("accuracy", "ci_low", "ci_high", "tab:blue"),
+        ("strict_accuracy", "strict_ci_low", "strict_ci_high", "tab:green"),
+        ("format_rate", None, None, "tab:grey"),
+    ]
     width = 0.8 / len(measures)
     for m, (key, low, high, color) in enumerate(measures):
         xs = [i + (m - 1) * width for i in range(len(summary))]
@@ -76,7 +87,9 @@ def training_wall_time(run_dir: Path, iteration: int) -> float:
     for i in range(iteration + 1):
         path = Path(run_dir) / f"iter_{i:04d}" / "summary.json"
         if path.exists():
-            total += sum(v for k, v in json.loads(path.read_text()).items() if k.startswith("time/") and k.endswith("_s"))
+            total += sum(
+                v for k, v in json.loads(path.read_text()).items() if k.startswith("time/") and k.endswith("_s")
+            )
     return total
 
 
@@ -102,7 +115,9 @@ def plot_eval_curves(history: pd.DataFrame, out: Path) -> Path:
             xs = rows[x] / 60 if x == "wall_time_s" else rows[x]
             line = ax.plot(xs, rows.accuracy, marker="o", label=f"{split} accuracy")[0]
             ax.fill_between(xs, rows.ci_low, rows.ci_high, color=line.get_color(), alpha=0.15)
-            ax.plot(xs, rows.strict_accuracy, marker="x", ls="--", color=line.get_color(), label=f"{split} strict (boxed)")
+            ax.plot(
+                xs, rows.strict_accuracy, marker="x", ls="--", color=line.get_color(), label=f"{split} strict (boxed)"
+            )
         ax.set_xlabel(label)
         if x == "iteration":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))

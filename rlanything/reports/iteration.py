@@ -40,8 +40,20 @@ CURVES = {
     "KL to the generating model (k3)": ["policy/kl", "rm/kl"],
     "Task adaptation": ["adapt/proposed", "adapt/accepted", "adapt/rejected", "adapt/accepted_total"],
 }
-HEADLINE = ["accuracy", "mean_outcome", "rm/agreement", "rm/parse_rate", "policy/loss", "rm/loss", "policy/kl",
-            "rm/kl", "samples/policy_kept", "samples/rm_kept", "adapt/accepted", "adapt/rejected"]  # fmt: skip
+HEADLINE = [
+    "accuracy",
+    "mean_outcome",
+    "rm/agreement",
+    "rm/parse_rate",
+    "policy/loss",
+    "rm/loss",
+    "policy/kl",
+    "rm/kl",
+    "samples/policy_kept",
+    "samples/rm_kept",
+    "adapt/accepted",
+    "adapt/rejected",
+]
 TEXT_LIMIT = 1500  # characters of one field shown in samples.md
 
 
@@ -91,7 +103,9 @@ def plot_curves(history: pd.DataFrame, out: Path) -> Path:
 
 def plot_iteration(layout: RunLayout, iteration: int, out: Path) -> Path:
     """iteration.png: accuracy per task, policy advantages, RM verdicts by outcome, lengths."""
-    outcomes, steps, judgments, adv = (read_artifact(layout, iteration, n) for n in ("outcomes", "rollouts", "judgments", "advantages"))
+    outcomes, steps, judgments, adv = (
+        read_artifact(layout, iteration, n) for n in ("outcomes", "rollouts", "judgments", "advantages")
+    )
     fig = Figure(figsize=(18, 4), layout="constrained")
     axes = fig.subplots(1, 4)
 
@@ -178,8 +192,14 @@ def plot_tasks(history: pd.DataFrame, band: tuple[float, float], out: Path) -> P
         rows = regular[regular.slot == slot].sort_values("iteration")
         changed = rows.version.ne(rows.version.shift()) & (rows.version > 0)
         for row in rows[changed].itertuples(index=False):
-            left.annotate(f"v{row.version}", (row.iteration, row.accuracy), textcoords="offset points",
-                          xytext=(3, 4), fontsize=7, color=color)  # fmt: skip
+            left.annotate(
+                f"v{row.version}",
+                (row.iteration, row.accuracy),
+                textcoords="offset points",
+                xytext=(3, 4),
+                fontsize=7,
+                color=color,
+            )
         tried = pending[pending.slot == slot]
         left.scatter(tried.iteration, tried.accuracy, s=40, facecolors="none", edgecolors=color)
     for edge in band:
@@ -221,8 +241,12 @@ def summary_markdown(layout: RunLayout, iteration: int, history: pd.DataFrame, s
     now = history.loc[iteration]
     before = history.loc[iteration - 1] if iteration - 1 in history.index else None
     lines = [f"# Run `{layout.run_dir.name}`, iteration {iteration}", ""]
-    lines += ["Steps: " + " → ".join(f"{s} ({states.get(s, '?')})" for s in STEPS),
-              "", "`Cached`: the step had finished in an earlier attempt; its result came back from Prefect.", ""]  # fmt: skip
+    lines += [
+        "Steps: " + " → ".join(f"{s} ({states.get(s, '?')})" for s in STEPS),
+        "",
+        "`Cached`: the step had finished in an earlier attempt; its result came back from Prefect.",
+        "",
+    ]
     lines += ["| metric | this iteration | previous |", "|---|---|---|"]
     for key in HEADLINE:
         if key in now and pd.notna(now[key]):
@@ -275,15 +299,24 @@ def pick_trajectories(outcomes: pd.DataFrame, count: int) -> list[int]:
 
 def render_trajectories(layout: RunLayout, iteration: int, count: int = 3) -> str:
     """samples.md: a few trajectories step by step, with the RM's judgments of each step."""
-    outcomes, episodes, steps, judgments = (read_artifact(layout, iteration, n) for n in ("outcomes", "episodes", "rollouts", "judgments"))
-    first, first_screen = episodes.set_index("traj_id").first_observation, episodes.set_index("traj_id").first_screenshot
+    outcomes, episodes, steps, judgments = (
+        read_artifact(layout, iteration, n) for n in ("outcomes", "episodes", "rollouts", "judgments")
+    )
+    first, first_screen = (
+        episodes.set_index("traj_id").first_observation,
+        episodes.set_index("traj_id").first_screenshot,
+    )
     lines = [f"# Run `{layout.run_dir.name}`, iteration {iteration}: sample trajectories", ""]
     for traj_id in pick_trajectories(outcomes, count):
         out = outcomes.set_index("traj_id").loc[traj_id]
-        lines += [f"## Trajectory {traj_id}: task {out.task_id}, rollout {out.rollout_idx}",
-                  "", f"outcome **{int(out.outcome):+d}**, {out.num_steps} step(s), termination `{out.termination}`"
-                  + (", pending rewrite (not trained)" if out.pending else "")
-                  + ("" if out.valid else f", invalid: {out.error}"), ""]  # fmt: skip
+        lines += [
+            f"## Trajectory {traj_id}: task {out.task_id}, rollout {out.rollout_idx}",
+            "",
+            f"outcome **{int(out.outcome):+d}**, {out.num_steps} step(s), termination `{out.termination}`"
+            + (", pending rewrite (not trained)" if out.pending else "")
+            + ("" if out.valid else f", invalid: {out.error}"),
+            "",
+        ]
         lines += _block("Task (first observation)", first.get(traj_id))
         if _text(first_screen.get(traj_id)):  # screenshots/ sits beside samples.md
             lines += [f"![the screen at the start]({first_screen.get(traj_id)})", ""]
@@ -300,7 +333,10 @@ def render_trajectories(layout: RunLayout, iteration: int, count: int = 3) -> st
             scores = ", ".join(f"{s:+d}" if p else "unparsed" for s, p in zip(judged.step_score, judged.parsed))
             lines += [f"**Judgments** ({len(judged)}): {scores}", ""]
             for j in judged.sort_values("judge_idx").itertuples(index=False):
-                lines += _block(f"judgment {j.judge_idx} ({j.verdict_mode}): box {j.raw_box!r}, score {j.step_score:+d}", j.reasoning)
+                lines += _block(
+                    f"judgment {j.judge_idx} ({j.verdict_mode}): box {j.raw_box!r}, score {j.step_score:+d}",
+                    j.reasoning,
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -313,4 +349,10 @@ def write_reports(layout: RunLayout, iteration: int, states: dict[str, str], ban
     write_text(summary_markdown(layout, iteration, history, states), summary)
     write_text(render_trajectories(layout, iteration), samples)
     tasks = plot_tasks(adaptation_history(layout, iteration), band, folder / "tasks.png")
-    return [plot_curves(history, folder / "curves.png"), tasks, plot_iteration(layout, iteration, folder / "iteration.png"), summary, samples]
+    return [
+        plot_curves(history, folder / "curves.png"),
+        tasks,
+        plot_iteration(layout, iteration, folder / "iteration.png"),
+        summary,
+        samples,
+    ]

@@ -26,11 +26,20 @@ def task_id(slot: int, version: int) -> str:
 def initial_buffer(specs: list[dict]) -> pd.DataFrame:
     rows = [
         {
-            "task_id": task_id(slot, 0), "slot": slot, "version": 0, "parent_id": None,
-            "spec": json.dumps(spec, sort_keys=True), "status": "active", "direction": None,
-            "critic_summary": None, "accuracy": None, "parent_accuracy": None, "decision": None,
-            "created_iter": 0, "decided_iter": None,
-        }  # fmt: skip
+            "task_id": task_id(slot, 0),
+            "slot": slot,
+            "version": 0,
+            "parent_id": None,
+            "spec": json.dumps(spec, sort_keys=True),
+            "status": "active",
+            "direction": None,
+            "critic_summary": None,
+            "accuracy": None,
+            "parent_accuracy": None,
+            "decision": None,
+            "created_iter": 0,
+            "decided_iter": None,
+        }
         for slot, spec in enumerate(specs)
     ]
     return pd.DataFrame(rows, columns=TASKS.names)
@@ -50,8 +59,13 @@ def sample_batch(buffer: pd.DataFrame, n: int, seed: int) -> list[dict]:
     chosen = sorted(random.Random(seed).sample(range(len(active)), min(n, len(active))))
     picked = [active.iloc[i] for i in chosen] + [row for _, row in buffer[buffer.status == "pending"].iterrows()]
     return [
-        {"task_id": r.task_id, "slot": int(r.slot), "version": int(r.version),
-         "spec": json.loads(r.spec), "pending": r.status == "pending"}  # fmt: skip
+        {
+            "task_id": r.task_id,
+            "slot": int(r.slot),
+            "version": int(r.version),
+            "spec": json.loads(r.spec),
+            "pending": r.status == "pending",
+        }
         for r in picked
     ]
 
@@ -75,18 +89,32 @@ def settle_pending(
 
 
 def add_pending(
-    buffer: pd.DataFrame, parent_id: str, spec: dict, direction: str, critic_summary: str, parent_accuracy: float,
+    buffer: pd.DataFrame,
+    parent_id: str,
+    spec: dict,
+    direction: str,
+    critic_summary: str,
+    parent_accuracy: float,
     iteration: int,
-) -> tuple[pd.DataFrame, str]:  # fmt: skip
+) -> tuple[pd.DataFrame, str]:
     """Append a pending rewrite of `parent_id` (rolled out next iteration) -> (buffer, its id)."""
     parent = buffer[buffer.task_id == parent_id].iloc[0]
     version = int(buffer[buffer.slot == parent.slot].version.max()) + 1
     row = {
-        "task_id": task_id(int(parent.slot), version), "slot": int(parent.slot), "version": version,
-        "parent_id": parent_id, "spec": json.dumps(spec, sort_keys=True), "status": "pending",
-        "direction": direction, "critic_summary": critic_summary, "accuracy": None,
-        "parent_accuracy": parent_accuracy, "decision": None, "created_iter": iteration + 1, "decided_iter": None,
-    }  # fmt: skip
+        "task_id": task_id(int(parent.slot), version),
+        "slot": int(parent.slot),
+        "version": version,
+        "parent_id": parent_id,
+        "spec": json.dumps(spec, sort_keys=True),
+        "status": "pending",
+        "direction": direction,
+        "critic_summary": critic_summary,
+        "accuracy": None,
+        "parent_accuracy": parent_accuracy,
+        "decision": None,
+        "created_iter": iteration + 1,
+        "decided_iter": None,
+    }
     return pd.concat([buffer, pd.DataFrame([row], columns=buffer.columns)], ignore_index=True), row["task_id"]
 
 

@@ -25,9 +25,9 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from rlanything.storage.layout import RunLayout
 
@@ -185,7 +185,16 @@ def prune(layout: RunLayout, keep: int | None, current: int) -> Pruned:
             root.mkdir(parents=True, exist_ok=True)
             with open(root / "pruned.jsonl", "a") as log:
                 for path in doomed:
-                    log.write(json.dumps({"after_iteration": current, "keep": keep, "time": time.time(),
-                                          "removed": path.relative_to(layout.run_dir).as_posix()}) + "\n")  # fmt: skip
+                    log.write(
+                        json.dumps(
+                            {
+                                "after_iteration": current,
+                                "keep": keep,
+                                "time": time.time(),
+                                "removed": path.relative_to(layout.run_dir).as_posix(),
+                            }
+                        )
+                        + "\n"
+                    )
     result.bytes_on_disk = folder_bytes(root)
     return result

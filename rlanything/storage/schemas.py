@@ -171,7 +171,9 @@ EVAL_EPISODES = pa.schema(
         pa.field("actions", pa.list_(pa.string()), nullable=False),
         pa.field("last_response", pa.string(), nullable=False),
         pa.field("weights", pa.string(), nullable=False),  # the checkpoint (run-relative) or model folder
-        pa.field("iteration", pa.int32()),  # the run's iteration whose checkpoint played; -1: its base; null: a bare model
+        pa.field(
+            "iteration", pa.int32()
+        ),  # the run's iteration whose checkpoint played; -1: its base; null: a bare model
     ]
 )
 

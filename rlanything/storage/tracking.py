@@ -67,7 +67,9 @@ def log_artifacts(uri: str, run_id: str, paths: list[Path], artifact_path: str |
     mlf = client(uri)
     for path in paths:
         if path.is_dir():
-            mlf.log_artifacts(run_id, str(path), artifact_path=f"{artifact_path}/{path.name}" if artifact_path else path.name)
+            mlf.log_artifacts(
+                run_id, str(path), artifact_path=f"{artifact_path}/{path.name}" if artifact_path else path.name
+            )
         else:
             mlf.log_artifact(run_id, str(path), artifact_path=artifact_path)
 

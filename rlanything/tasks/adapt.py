@@ -22,16 +22,24 @@ def adapt_tasks(run_dir: str, iteration: int):
     frames = {n: read_artifact(layout, iteration, n) for n in ("outcomes", "judgments", "rollouts", "episodes")}
     before = read_buffer(layout.tasks_snapshot(iteration))
     rows, buffer = adapt(
-        config, env_class(config.env.kind), iteration, before, frames["outcomes"], frames["judgments"],
-        frames["rollouts"], frames["episodes"],
-    )  # fmt: skip
+        config,
+        env_class(config.env.kind),
+        iteration,
+        before,
+        frames["outcomes"],
+        frames["judgments"],
+        frames["rollouts"],
+        frames["episodes"],
+    )
     paths = [
         write_artifact(pd.DataFrame(rows, columns=ADAPTATION.names), layout, iteration, "adaptation"),
         write_buffer(buffer, layout.tasks_snapshot(iteration + 1)),
     ]
     decisions = Counter(r["decision"] for r in rows)
-    metrics = {f"adapt/{k}": decisions.get(k, 0) for k in
-               ("in_band", "proposed", "no_valid_rewrite", "slot_busy", "accepted", "rejected")}  # fmt: skip
+    metrics = {
+        f"adapt/{k}": decisions.get(k, 0)
+        for k in ("in_band", "proposed", "no_valid_rewrite", "slot_busy", "accepted", "rejected")
+    }
     for r in rows:
         if r["decision"] == "rejected":
             metrics[f"adapt/rejected_{r['reason']}"] = metrics.get(f"adapt/rejected_{r['reason']}", 0) + 1

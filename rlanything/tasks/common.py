@@ -7,8 +7,9 @@ import functools
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import CacheKeyFnPolicy
@@ -52,7 +53,7 @@ class InjectedFault(RuntimeError):
 
 
 def parse_fault(spec: str) -> tuple[str, str, int | None, str]:
-    """"ACTION:STEP[@ITERATION][:PHASE]" -> (action, step, iteration or None, phase).
+    """ "ACTION:STEP[@ITERATION][:PHASE]" -> (action, step, iteration or None, phase).
 
     >>> parse_fault("sigkill:rm_score@1:end")
     ('sigkill', 'rm_score', 1, 'end')

@@ -30,14 +30,28 @@ def trained_specs(run_dir: str | None) -> list[dict]:
 
 
 @task(name="eval-split", task_run_name="eval {split}")
-def evaluate_split(config_path: str, overrides: list[str], weights: str, label: str, run_dir: str | None,
-                   iteration: int | None, split: str, out: str) -> dict:  # fmt: skip
+def evaluate_split(
+    config_path: str,
+    overrides: list[str],
+    weights: str,
+    label: str,
+    run_dir: str | None,
+    iteration: int | None,
+    split: str,
+    out: str,
+) -> dict:
     """Play `eval.problems` held-out problems of `split` greedily -> `out` (EVAL_EPISODES)."""
     config = load_config(config_path, overrides)
     specs, dropped = heldout_problems(config.env, split, config.eval.problems, config.run.seed, trained_specs(run_dir))
     engine, tokenizer = make_engine(config.policy, "policy", Path(weights))
-    rows = play_greedy(engine, tokenizer, config.env, specs, split,
-                       max_new_tokens=config.eval.max_new_tokens or config.policy.max_new_tokens)  # fmt: skip
+    rows = play_greedy(
+        engine,
+        tokenizer,
+        config.env,
+        specs,
+        split,
+        max_new_tokens=config.eval.max_new_tokens or config.policy.max_new_tokens,
+    )
     rows = [{**row, "weights": label, "iteration": iteration} for row in rows]
     path = write_table(rows, EVAL_EPISODES, Path(out))
     return {"paths": [str(path)], "metrics": {f"eval/{split}/dropped_seen": dropped}}
@@ -56,7 +70,16 @@ def eval_report(split_paths: list[str], out_dir: str, title: str, details: dict[
     summary = success_summary(episodes, ["env_kind", "split"])
     (out / "summary.md").write_text(summary_markdown(summary, title, details))
     paths += [out / "summary.md", plot_splits(summary, title, out / "eval.png")]
-    measures = ("accuracy", "ci_low", "ci_high", "strict_accuracy", "fallback_accuracy", "format_rate", "n", "env_errors")
+    measures = (
+        "accuracy",
+        "ci_low",
+        "ci_high",
+        "strict_accuracy",
+        "fallback_accuracy",
+        "format_rate",
+        "n",
+        "env_errors",
+    )
     metrics = {f"eval/{r['split']}/{m}": float(r[m]) for _, r in summary.iterrows() for m in measures}
     splits = json.loads(summary.to_json(orient="records"))  # NaN -> null
     return {"paths": [str(p) for p in paths], "metrics": metrics, "splits": splits}

@@ -15,8 +15,8 @@ from rlanything.envs.verification import verify_episode
 from rlanything.models.engine import PrefixCache, make_engine
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
-from rlanything.storage.buffer import read_buffer, sample_batch
 from rlanything.storage.artifacts import read_artifact, write_artifact
+from rlanything.storage.buffer import read_buffer, sample_batch
 from rlanything.storage.parquet import write_bytes
 from rlanything.tasks.common import model_path, open_run, step_task, weights_label
 
@@ -39,14 +39,21 @@ def rollout(run_dir: str, iteration: int):
         engine, tokenizer = make_engine(config.policy, "policy", path, advance, layout.run_dir / "vllm-policy.log")
         cache = PrefixCache()
         rows, episodes = play(
-            engine, tokenizer, lambda: make_env(config.env), tasks,
-            group_size=config.policy.group_size, max_steps=config.env.max_steps,
-            max_new_tokens=config.policy.max_new_tokens, temperature=config.policy.temperature,
-            top_p=config.policy.top_p, seed=derive_seed(config.run.seed, iteration, "rollout"),
+            engine,
+            tokenizer,
+            lambda: make_env(config.env),
+            tasks,
+            group_size=config.policy.group_size,
+            max_steps=config.env.max_steps,
+            max_new_tokens=config.policy.max_new_tokens,
+            temperature=config.policy.temperature,
+            top_p=config.policy.top_p,
+            seed=derive_seed(config.run.seed, iteration, "rollout"),
             answer_fallback=config.env.answer_fallback,
-            save_screenshot=save_screenshot if config.env.screenshots else None, screenshot_errors=shot_errors,
+            save_screenshot=save_screenshot if config.env.screenshots else None,
+            screenshot_errors=shot_errors,
             prefix_cache=cache,
-        )  # fmt: skip
+        )
         weights = weights_label(layout, engine.weights)  # which weights produced each sample
         rows = [{**row, "weights": weights} for row in rows]
     paths = [
@@ -81,12 +88,16 @@ def verify(run_dir: str, iteration: int):
     steps, episodes = read_artifact(layout, iteration, "rollouts"), read_artifact(layout, iteration, "episodes")
     specs = read_buffer(layout.tasks_snapshot(iteration)).set_index("task_id").spec
     # a missing action reads back as NaN (pandas' string dtype); environments are promised None
-    actions = steps.sort_values("step_idx").groupby("traj_id").action.apply(
-        lambda column: [a if isinstance(a, str) else None for a in column]
+    actions = (
+        steps.sort_values("step_idx")
+        .groupby("traj_id")
+        .action.apply(lambda column: [a if isinstance(a, str) else None for a in column])
     )
     weak_before = sandbox.RUNS["weak"]  # programs the coding env ran without bubblewrap
-    rows = [verify_episode(config.env, ep._asdict(), specs[ep.task_id], actions.get(ep.traj_id, []))
-            for ep in episodes.itertuples(index=False)]  # fmt: skip
+    rows = [
+        verify_episode(config.env, ep._asdict(), specs[ep.task_id], actions.get(ep.traj_id, []))
+        for ep in episodes.itertuples(index=False)
+    ]
     path = write_artifact(rows, layout, iteration, "outcomes")
     frame = pd.DataFrame(rows)
     scored = frame[frame.valid & ~frame.pending]

@@ -25,10 +25,17 @@ def steps_to_judge(steps: pd.DataFrame, episodes: pd.DataFrame, outcomes: pd.Dat
     for traj_id, traj in steps[steps.traj_id.isin(trainable)].sort_values("step_idx").groupby("traj_id"):
         history: list[tuple[str, str]] = []
         for row in traj.itertuples(index=False):
-            out.append({
-                "traj_id": traj_id, "task_id": row.task_id, "step_idx": row.step_idx, "task": first[traj_id],
-                "history": list(history), "response": row.response, "observation": row.observation,
-            })  # fmt: skip
+            out.append(
+                {
+                    "traj_id": traj_id,
+                    "task_id": row.task_id,
+                    "step_idx": row.step_idx,
+                    "task": first[traj_id],
+                    "history": list(history),
+                    "response": row.response,
+                    "observation": row.observation,
+                }
+            )
             history.append((row.response, row.observation))
     return out
 
@@ -43,11 +50,18 @@ def rm_score(run_dir: str, iteration: int):
         engine, tokenizer = make_engine(config.rm, "rm", path, advance, layout.run_dir / "vllm-rm.log")
         cache = PrefixCache()
         rows = judge_steps(
-            engine, tokenizer, todo, judgments_per_step=config.rm.judgments_per_step, verdict=config.rm.verdict,
-            max_new_tokens=config.rm.max_new_tokens, temperature=config.rm.temperature, top_p=config.rm.top_p,
-            seed=derive_seed(config.run.seed, iteration, "rm_score"), hint=env_class(config.env.kind).judge_hint,
+            engine,
+            tokenizer,
+            todo,
+            judgments_per_step=config.rm.judgments_per_step,
+            verdict=config.rm.verdict,
+            max_new_tokens=config.rm.max_new_tokens,
+            temperature=config.rm.temperature,
+            top_p=config.rm.top_p,
+            seed=derive_seed(config.run.seed, iteration, "rm_score"),
+            hint=env_class(config.env.kind).judge_hint,
             prefix_cache=cache,
-        )  # fmt: skip
+        )
         weights = weights_label(layout, engine.weights)
         rows = [{**row, "weights": weights} for row in rows]
     out = write_artifact(rows, layout, iteration, "judgments")
@@ -71,8 +85,12 @@ def compute_samples(
     cols = lambda frame, names: {n: frame[n].to_numpy() for n in names}  # noqa: E731
     policy, rm = select_samples(
         cols(judgments, ("traj_id", "step_idx", "judge_idx", "step_score", "parsed")),
-        cols(outcomes, ("traj_id", "task_id", "outcome")), m=m, lam=lam, band=band, policy_band=policy_band,
-    )  # fmt: skip
+        cols(outcomes, ("traj_id", "task_id", "outcome")),
+        m=m,
+        lam=lam,
+        band=band,
+        policy_band=policy_band,
+    )
     if not len(policy["traj_id"]):
         return pd.DataFrame(columns=ADVANTAGES.names)
     frames = [pd.DataFrame({"kind": "policy", **policy, "judge_idx": -1}), pd.DataFrame({"kind": "rm", **rm})]
@@ -85,9 +103,13 @@ def advantages(run_dir: str, iteration: int):
     outcomes, judgments = read_artifact(layout, iteration, "outcomes"), read_artifact(layout, iteration, "judgments")
     trainable = outcomes[outcomes.valid & ~outcomes.pending]
     samples = compute_samples(
-        trainable, judgments, m=config.rm.judgments_per_step, lam=config.algo.lam,
-        band=config.algo.band, policy_band=config.algo.policy_band,
-    )  # fmt: skip
+        trainable,
+        judgments,
+        m=config.rm.judgments_per_step,
+        lam=config.algo.lam,
+        band=config.algo.band,
+        policy_band=config.algo.policy_band,
+    )
     if os.environ.get(FLIP_ADVANTAGE_ENV) == "1":  # test-only fault: the learning test's negative control
         samples.loc[samples.kind == "policy", "advantage"] *= -1
     path = write_artifact(samples, layout, iteration, "advantages")

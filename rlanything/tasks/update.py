@@ -34,12 +34,21 @@ def _update(run_dir: str, iteration: int, kind: str, samples: list[Sample], sect
     samples = [] if optim.frozen else samples  # a control run: the checkpoint keeps the start weights
     job = UpdateJob(
         start=str(model_path(config, layout, kind, iteration).resolve()),
-        out=str(layout.checkpoint(kind, iteration).resolve()), dtype=section.dtype, lora=section.lora.model_dump(),
-        lr=optim.lr, weight_decay=optim.weight_decay, grad_clip=optim.grad_clip, updates=optim.updates_per_iteration,
-        micro_batch_size=optim.micro_batch_size, temperature=section.temperature, clip_eps=config.algo.clip_eps,
-        kl_beta=config.algo.kl_beta, seed=derive_seed(config.run.seed, iteration, f"{kind}_update"),
-        device=section.device, extra={"kind": kind, "iteration": iteration},
-    )  # fmt: skip
+        out=str(layout.checkpoint(kind, iteration).resolve()),
+        dtype=section.dtype,
+        lora=section.lora.model_dump(),
+        lr=optim.lr,
+        weight_decay=optim.weight_decay,
+        grad_clip=optim.grad_clip,
+        updates=optim.updates_per_iteration,
+        micro_batch_size=optim.micro_batch_size,
+        temperature=section.temperature,
+        clip_eps=config.algo.clip_eps,
+        kl_beta=config.algo.kl_beta,
+        seed=derive_seed(config.run.seed, iteration, f"{kind}_update"),
+        device=section.device,
+        extra={"kind": kind, "iteration": iteration},
+    )
     if config.train.launch:  # DDP / DeepSpeed processes of their own (train.launch)
         job_path = layout.iter_dir(iteration).resolve() / ".jobs" / f"{kind}_update.json"
         history = launch_update(job, samples, config.train.launch, job_path)

@@ -24,8 +24,15 @@ from rlanything.storage.parquet import read_table, write_table  # noqa: E402
 from rlanything.storage.schemas import EVAL_EPISODES  # noqa: E402
 
 RUN_SEEDS = (0, 1, 7, 21_474, 123_456, -3)
-ARITH = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],
-         "allow_parentheses": False, "allow_negation": False}  # fmt: skip
+ARITH = {
+    "min_terms": 2,
+    "max_terms": 2,
+    "min_digits": 1,
+    "max_digits": 1,
+    "operators": ["+"],
+    "allow_parentheses": False,
+    "allow_negation": False,
+}
 
 
 # ------------------------------------------------------------------ greedy decoding
@@ -72,12 +79,22 @@ def training_seeds(kind: str, overrides: list[str], run_seed: int, rewrites: int
     return seeds
 
 
-@pytest.mark.parametrize("kind,overrides", [
-    ("reasoning_gym", ["env.options.dataset=basic_arithmetic", f"env.options.dataset_config={json.dumps(ARITH)}", "env.num_problems=16"]),
-    ("textworld", ["env.num_problems=16"]),
-    ("textworld_express", ["env.num_problems=16"]),
-    ("miniwob", ["env.num_problems=16"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind,overrides",
+    [
+        (
+            "reasoning_gym",
+            [
+                "env.options.dataset=basic_arithmetic",
+                f"env.options.dataset_config={json.dumps(ARITH)}",
+                "env.num_problems=16",
+            ],
+        ),
+        ("textworld", ["env.num_problems=16"]),
+        ("textworld_express", ["env.num_problems=16"]),
+        ("miniwob", ["env.num_problems=16"]),
+    ],
+)
 def test_seeded_heldout_specs_never_share_a_seed_with_training(kind, overrides):
     config = build_config({}, [f"env.kind={kind}", *overrides]).env
     for run_seed in RUN_SEEDS:
@@ -126,7 +143,10 @@ def test_textworld_express_heldout_games_come_from_the_test_fold():
 
 
 def test_coding_heldout_problems_are_outside_the_initial_buffer():
-    for overrides in (["env.num_problems=40"], ["env.options.problems=[HumanEval/0, HumanEval/1]", "env.num_problems=2"]):
+    for overrides in (
+        ["env.num_problems=40"],
+        ["env.options.problems=[HumanEval/0, HumanEval/1]", "env.num_problems=2"],
+    ):
         config = build_config({}, ["env.kind=coding", *overrides]).env
         cls = env_class("coding")
         for run_seed in (0, 5):
@@ -138,7 +158,9 @@ def test_coding_heldout_problems_are_outside_the_initial_buffer():
             assert heldout_specs(config, "in_domain", 5, run_seed) == in_domain[:5]
     cls.validate_spec(config, in_domain[0])  # its reference passes its tests in the sandbox
     # the rewrites a run can make are inline problems, never a benchmark id
-    rewritten = cls.parse_rewrite(in_domain[0], cls.rule_rewrite({"source": "humaneval", "id": "HumanEval/0"}, "easier"))
+    rewritten = cls.parse_rewrite(
+        in_domain[0], cls.rule_rewrite({"source": "humaneval", "id": "HumanEval/0"}, "easier")
+    )
     assert rewritten["source"] == "inline"
 
 
@@ -167,8 +189,10 @@ def test_alfworld_heldout_games_come_from_the_evaluation_folders(tmp_path):
             (game / "traj_data.json").write_text(json.dumps({"task_type": task_type}))
             (game / "game.tw-pddl").write_text(json.dumps({"solvable": True}))
     types = "[pick_and_place_simple, look_at_obj_in_light]"
-    config = build_config({}, ["env.kind=alfworld", f"env.options.data_path={tmp_path}/json_2.1.1/train",
-                               f"env.options.task_types={types}"]).env  # fmt: skip
+    config = build_config(
+        {},
+        ["env.kind=alfworld", f"env.options.data_path={tmp_path}/json_2.1.1/train", f"env.options.task_types={types}"],
+    ).env
     cls = env_class("alfworld")
     trained = cls.initial_specs(config, 0)
     assert all("split" not in s for s in trained)
@@ -186,8 +210,15 @@ def test_osworld_heldout_specs_spec_level(tmp_path):
         folder.mkdir(parents=True)
         for k in range(4):
             (folder / f"{domain}-{k}.json").write_text(json.dumps({"instruction": "x", "evaluator": {}}))
-    config = build_config({}, ["env.kind=osworld", f"env.options.examples_dir={tmp_path}",
-                               "env.options.domains=[os, chrome]", "env.num_problems=3"]).env  # fmt: skip
+    config = build_config(
+        {},
+        [
+            "env.kind=osworld",
+            f"env.options.examples_dir={tmp_path}",
+            "env.options.domains=[os, chrome]",
+            "env.num_problems=3",
+        ],
+    ).env
     used = {(s["domain"], s["example_id"]) for s in env_class("osworld").initial_specs(config, 0)}
     in_domain, ood = heldout_specs(config, "in_domain", 20, 0), heldout_specs(config, "ood", 20, 0)
     assert len(in_domain) == 5 and not {(s["domain"], s["example_id"]) for s in in_domain} & used
@@ -230,8 +261,12 @@ def test_greedy_episodes_count_strict_and_fallback_apart(tiny_tokenizer, tmp_pat
         answers[question] = a + b
     texts = {}
     for k, question in enumerate(answers):  # boxed right, unboxed right, boxed wrong, no answer
-        texts[question] = [f"so \\boxed{{{answers[question]}}}", f"it is {answers[question]}",
-                           f"\\boxed{{{answers[question] + 1}}}", "no idea"][k]  # fmt: skip
+        texts[question] = [
+            f"so \\boxed{{{answers[question]}}}",
+            f"it is {answers[question]}",
+            f"\\boxed{{{answers[question] + 1}}}",
+            "no idea",
+        ][k]
     policy = ScriptedPolicy(tiny_tokenizer, lambda observations: texts[observations[0]])
     rows = play_greedy(policy, tiny_tokenizer, config, specs, "in_domain", max_new_tokens=16)
     assert [r["success"] for r in rows] == [True, True, False, False]

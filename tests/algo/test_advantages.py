@@ -119,11 +119,35 @@ def _hand_arrays(order):
 def test_step_index_hand_example():
     reward, task, step, expected = _hand_arrays(range(len(HAND_ROWS)))
     np.testing.assert_allclose(step_index_advantages(reward, task, step), expected, rtol=1e-12, atol=0)
-    np.testing.assert_allclose(step_index_advantages(reward, task, step), [
-        1.22474, 0, 0.70711, 0, 0, -1.22474, 0, 0, -0.70711,
-        0.5, 0.5, -1.5, -2.0, 0.5,
-        0, -0.57735, -0.70711, 0, -0.57735, 0.70711, 0, 1.15470, 0,
-    ], atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        step_index_advantages(reward, task, step),
+        [
+            1.22474,
+            0,
+            0.70711,
+            0,
+            0,
+            -1.22474,
+            0,
+            0,
+            -0.70711,
+            0.5,
+            0.5,
+            -1.5,
+            -2.0,
+            0.5,
+            0,
+            -0.57735,
+            -0.70711,
+            0,
+            -0.57735,
+            0.70711,
+            0,
+            1.15470,
+            0,
+        ],
+        atol=1e-5,
+    )
 
 
 def test_step_index_hand_example_any_row_order():
@@ -215,8 +239,11 @@ def test_value_at_its_group_mean_has_advantage_exactly_zero(values):
     at_mean = values == -0.4
     assert values[at_mean][0] - values.mean() in (0.0, 5.551115123125783e-17, -5.551115123125783e-17)
     ids = np.zeros(4, dtype=np.int64)
-    for adv in (step_index_advantages(values, ids, ids), step_index_advantages_loop(values, ids, ids),
-                group_zscore(values, ids)[0]):  # fmt: skip
+    for adv in (
+        step_index_advantages(values, ids, ids),
+        step_index_advantages_loop(values, ids, ids),
+        group_zscore(values, ids)[0],
+    ):
         assert adv[at_mean].tolist() == [0.0]  # exactly, in the vectorised code and the loop
         assert np.all(adv[~at_mean] != 0.0)
     adv, valid = rm_advantages(values[None, :])
@@ -240,8 +267,9 @@ def test_thirds_at_their_mean_in_many_groups_are_zero_in_both_implementations():
     thirds[:, 2] = -(thirds[:, 0] + thirds[:, 1]) + 3 * rng.integers(-1, 2, size=400)  # many means hit a member
     values = (thirds / 3.0).ravel()
     ids = np.repeat(np.arange(400), 3)
-    exact_zero = np.array([Fraction(int(t), 3) == sum(Fraction(int(x), 3) for x in row) / 3
-                           for row in thirds for t in row])  # fmt: skip
+    exact_zero = np.array(
+        [Fraction(int(t), 3) == sum(Fraction(int(x), 3) for x in row) / 3 for row in thirds for t in row]
+    )
     assert exact_zero.sum() > 50
     fast = step_index_advantages(values, ids, ids)
     slow = step_index_advantages_loop(values, ids, ids)

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from rlanything.algo.metrics import wilson_interval, success_summary
+from rlanything.algo.metrics import success_summary, wilson_interval
 
 # By hand, z = 1.959964, z² = 3.841459:
 #  32/64: p = 0.5, z²/n = 0.0600228, centre = (0.5 + 0.0300114) / 1.0600228 = 0.5,
@@ -41,13 +41,17 @@ def test_wilson_edges_are_exact_and_n0_has_no_estimate():
 def test_summary_per_split_and_env_kind_strict_beside_fallback():
     rows = (
         # in_domain: 4 valid (2 solved, 1 of them only through the fallback), 1 env error
-        [("reasoning_gym", "in_domain", True, True, True, True), ("reasoning_gym", "in_domain", True, True, False, False),
-         ("reasoning_gym", "in_domain", True, False, False, True), ("reasoning_gym", "in_domain", True, False, False, False),
-         ("reasoning_gym", "in_domain", False, False, False, False)]
+        [
+            ("reasoning_gym", "in_domain", True, True, True, True),
+            ("reasoning_gym", "in_domain", True, True, False, False),
+            ("reasoning_gym", "in_domain", True, False, False, True),
+            ("reasoning_gym", "in_domain", True, False, False, False),
+            ("reasoning_gym", "in_domain", False, False, False, False),
+        ]
         # ood: nothing valid at all
         + [("reasoning_gym", "ood", False, False, False, False)]
         + [("coding", "ood", True, True, True, True)]
-    )  # fmt: skip
+    )
     frame = pd.DataFrame(rows, columns=["env_kind", "split", "valid", "success", "strict_success", "boxed"])
     out = success_summary(frame, ["env_kind", "split"]).set_index(["env_kind", "split"])
     row = out.loc[("reasoning_gym", "in_domain")]

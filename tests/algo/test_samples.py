@@ -22,8 +22,9 @@ def trajectories(traj, task, outcome):
 
 
 def test_judgment_matrix_orders_each_steps_judgments():
-    keys, order = judgment_matrix(np.array([2, 0, 2, 0, 0, 0]), np.array([0, 1, 0, 0, 1, 0]),
-                                  np.array([1, 0, 0, 1, 1, 0]), m=2)  # fmt: skip
+    keys, order = judgment_matrix(
+        np.array([2, 0, 2, 0, 0, 0]), np.array([0, 1, 0, 0, 1, 0]), np.array([1, 0, 0, 1, 1, 0]), m=2
+    )
     assert keys.tolist() == [[0, 0], [0, 1], [2, 0]]
     assert order.tolist() == [[5, 3], [1, 4], [2, 0]]
 
@@ -52,8 +53,9 @@ def test_select_samples_refuses_a_step_with_too_few_judgments():
 
 def test_select_samples_refuses_judgments_of_unknown_trajectories():
     with pytest.raises(ValueError, match=r"trajectories \[5\]"):
-        select_samples(judgments([(5, 0, 0, 1)]), trajectories([0], ["a"], [1]), m=1, lam=1.0, band=(0, 1),
-                       policy_band=(0, 1))  # fmt: skip
+        select_samples(
+            judgments([(5, 0, 0, 1)]), trajectories([0], ["a"], [1]), m=1, lam=1.0, band=(0, 1), policy_band=(0, 1)
+        )
 
 
 # ---------------------------------------------------------------- hand-computed selections
@@ -62,8 +64,18 @@ def test_select_samples_refuses_judgments_of_unknown_trajectories():
 def test_select_samples_by_hand():
     # task a: trajectories 0 (won, 2 steps), 1 (lost, 1 step), 3 (won, 1 step): accuracy 2/3
     # task b: trajectory 2 (lost): accuracy 0; m = 2 judgments, 0 = unparsed
-    rows = [(0, 0, 0, 1), (0, 0, 1, 1), (0, 1, 0, 1), (0, 1, 1, -1), (1, 0, 0, -1), (1, 0, 1, 0),
-            (2, 0, 0, 1), (2, 0, 1, 1), (3, 0, 0, 1), (3, 0, 1, -1)]  # fmt: skip
+    rows = [
+        (0, 0, 0, 1),
+        (0, 0, 1, 1),
+        (0, 1, 0, 1),
+        (0, 1, 1, -1),
+        (1, 0, 0, -1),
+        (1, 0, 1, 0),
+        (2, 0, 0, 1),
+        (2, 0, 1, 1),
+        (3, 0, 0, 1),
+        (3, 0, 1, -1),
+    ]
     order = [7, 2, 9, 0, 4, 1, 8, 3, 6, 5]  # any row order
     jud = judgments([rows[i] for i in order])
     traj = trajectories([0, 1, 2, 3], ["a", "a", "b", "a"], [1, -1, -1, 1])
@@ -82,8 +94,18 @@ def test_select_samples_by_hand():
     assert rm["reward"].tolist() == [2.0, 2.0, 1.0, -1.0, 1.5, -2.0, 0.0, 0.0, 1.0, -1.0]
     assert rm["judge_idx"].tolist() == [0, 1] * 5
     assert rm["kept"].tolist() == [False, False, True, True, True, True, False, False, True, True]
-    assert rm["drop_reason"].tolist() == ["zero_std", "zero_std", None, None, None, None, "out_of_band",
-                                          "out_of_band", None, None]  # fmt: skip
+    assert rm["drop_reason"].tolist() == [
+        "zero_std",
+        "zero_std",
+        None,
+        None,
+        None,
+        None,
+        "out_of_band",
+        "out_of_band",
+        None,
+        None,
+    ]
     s2 = np.sqrt(2) + 1e-6  # [1, -1]: mean 0, std sqrt(2)
     assert rm["advantage"][[2, 3]] == pytest.approx([1 / s2, -1 / s2], abs=1e-12)
 

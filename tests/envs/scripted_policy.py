@@ -7,7 +7,7 @@ environment itself is always the real one.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from rlanything.agent.rollout import play
 from rlanything.envs import make_env
@@ -65,17 +65,29 @@ def plan_policy(tokenizer, plans: dict[str, list[str]]) -> ScriptedPolicy:
 
 def tasks_of(specs: list[dict]) -> list[dict]:
     """Buffer-like task dicts for `play` (ids as the rollout task gives them)."""
-    return [{"task_id": f"s{k:03d}v00", "slot": k, "version": 0, "spec": spec, "pending": False}
-            for k, spec in enumerate(specs)]  # fmt: skip
+    return [
+        {"task_id": f"s{k:03d}v00", "slot": k, "version": 0, "spec": spec, "pending": False}
+        for k, spec in enumerate(specs)
+    ]
 
 
-def play_and_verify(config, tokenizer, specs: list[dict], plans: dict[str, list[str]], max_steps: int,
-                    max_new_tokens: int = 32) -> tuple[list[dict], list[dict], list[int]]:  # fmt: skip
+def play_and_verify(
+    config, tokenizer, specs: list[dict], plans: dict[str, list[str]], max_steps: int, max_new_tokens: int = 32
+) -> tuple[list[dict], list[dict], list[int]]:
     """`play` one rollout per spec with `plan_policy(plans)`, then the verify path's replay of
     every trajectory's actions in a fresh environment. -> (step rows, episodes, outcomes)."""
-    rows, episodes = play(plan_policy(tokenizer, plans), tokenizer, lambda: make_env(config), tasks_of(specs),
-                          group_size=1, max_steps=max_steps, max_new_tokens=max_new_tokens, temperature=1.0,
-                          top_p=1.0, seed=0)  # fmt: skip
+    rows, episodes = play(
+        plan_policy(tokenizer, plans),
+        tokenizer,
+        lambda: make_env(config),
+        tasks_of(specs),
+        group_size=1,
+        max_steps=max_steps,
+        max_new_tokens=max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        seed=0,
+    )
     outcomes = []
     for ep in episodes:
         actions = [r["action"] for r in sorted(rows, key=lambda r: r["step_idx"]) if r["traj_id"] == ep["traj_id"]]

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 import scripted_policy
 
 from rlanything.config import build_config
@@ -49,9 +48,11 @@ def alfworld_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("alfworld") / "json_2.1.1" / "train"
     grammar = Path(ALFRED_TWL2_PATH).read_text().replace("UNKNOWN GOAL", "put an apple in fridge")
     game = {"pddl_domain": Path(ALFRED_PDDL_PATH).read_text(), "grammar": grammar, "pddl_problem": PROBLEM}
-    for folder, solvable in (("pick_and_place_simple-Apple-None-Fridge-1/trial_T0", True),
-                             ("pick_and_place_simple-Apple-None-Fridge-2/trial_T0", False),
-                             ("pick_and_place_simple-Apple-None-Fridge-movable-3/trial_T0", True)):  # fmt: skip
+    for folder, solvable in (
+        ("pick_and_place_simple-Apple-None-Fridge-1/trial_T0", True),
+        ("pick_and_place_simple-Apple-None-Fridge-2/trial_T0", False),
+        ("pick_and_place_simple-Apple-None-Fridge-movable-3/trial_T0", True),
+    ):
         (root / folder).mkdir(parents=True)
         (root / folder / "game.tw-pddl").write_text(json.dumps({**game, "solvable": solvable}))
         (root / folder / "traj_data.json").write_text(json.dumps({"task_type": "pick_and_place_simple"}))
@@ -60,8 +61,9 @@ def alfworld_data(tmp_path_factory):
 
 def alf_config(root, n=2, max_steps=8):
     alfworld = {"data_path": str(root), "task_types": ["pick_and_place_simple"]}
-    return build_config({"env": {"kind": "alfworld", "num_problems": n, "max_steps": max_steps,
-                                 "options": alfworld}}).env  # fmt: skip
+    return build_config(
+        {"env": {"kind": "alfworld", "num_problems": n, "max_steps": max_steps, "options": alfworld}}
+    ).env
 
 
 def play_and_verify(config, tokenizer, specs, plans, max_steps):
@@ -103,9 +105,11 @@ def test_rewrites_pick_other_games_and_validation_checks_the_data(alfworld_data)
     with pytest.raises(ValueError, match="no task type easier"):
         AlfWorldEnv.rule_rewrite(spec, "easier")
     assert AlfWorldEnv.parse_rewrite(spec, '\\boxed{{"index": 3}}') == {**spec, "index": 3}
-    for bad, reason in [('\\boxed{{"task_type": "juggle"}}', "unknown ALFWorld task type"),
-                        ('\\boxed{{"index": -1}}', "non-negative"),
-                        ('\\boxed{{"room": 1}}', "unknown parameters")]:  # fmt: skip
+    for bad, reason in [
+        ('\\boxed{{"task_type": "juggle"}}', "unknown ALFWorld task type"),
+        ('\\boxed{{"index": -1}}', "non-negative"),
+        ('\\boxed{{"room": 1}}', "unknown parameters"),
+    ]:
         with pytest.raises(ValueError, match=reason):
             AlfWorldEnv.parse_rewrite(spec, bad)
 
@@ -119,5 +123,6 @@ def test_missing_data_is_reported_clearly(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="no ALFWorld data at .*nowhere.*alfworld-download"):
         AlfWorldEnv.validate_spec(config, {"task_type": "pick_and_place_simple", "index": 0})
     assert split_intro("-= Welcome =-\n\nYou see a bed 1.\n\nYour task is to: look at a book.") == (
-        "look at a book.", "You see a bed 1."
+        "look at a book.",
+        "You see a bed 1.",
     )

@@ -11,8 +11,13 @@ from scripted_policy import play_and_verify  # noqa: E402
 
 from rlanything.config import build_config  # noqa: E402
 from rlanything.envs import initial_specs, make_env  # noqa: E402
-from rlanything.envs.coding import CodingEnv, humaneval_problems, load_problem, score_solution  # noqa: E402
-from rlanything.envs.coding import split_check  # noqa: E402
+from rlanything.envs.coding import (  # noqa: E402
+    CodingEnv,
+    humaneval_problems,
+    load_problem,
+    score_solution,
+    split_check,  # noqa: E402
+)
 
 # 0: plain asserts; 32: a seeded random loop of asserts (one test); 151: setup after asserts.
 IDS = ["HumanEval/0", "HumanEval/32", "HumanEval/151"]
@@ -20,8 +25,9 @@ IDS = ["HumanEval/0", "HumanEval/32", "HumanEval/151"]
 
 def coding_config(**coding):
     coding = {"sandbox": {"timeout_s": 3.0}, **coding}
-    return build_config({"env": {"kind": "coding", "num_problems": len(coding.get("problems", [])) or 3,
-                                 "options": coding}}).env  # fmt: skip
+    return build_config(
+        {"env": {"kind": "coding", "num_problems": len(coding.get("problems", [])) or 3, "options": coding}}
+    ).env
 
 
 def run(config, tokenizer, specs, answers):
@@ -73,17 +79,26 @@ def test_every_humaneval_problem_loads_with_tests():
 @pytest.fixture
 def jsonl(tmp_path):
     records = [
-        {"id": "sum", "prompt": "Read two integers and print their sum.",
-         "tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "-5 5\n", "output": "0\n"}],
-         "reference": "a, b = map(int, input().split())\nprint(a + b)"},
-        {"name": "max", "description": "Read n numbers on one line; print the largest.",  # CodeContests-like
-         "public_tests": {"input": ["3 1 2\n"], "output": ["3\n"]},
-         "private_tests": {"input": ["-1 -7\n"], "output": ["-1\n"]},
-         "solutions": {"language": [2, 3], "solution": ["int main(){}", "print(max(map(int, input().split())))"]}},
-        {"question_id": "rev", "question_content": "Print the input line reversed.",  # LiveCodeBench-like
-         "public_test_cases": json.dumps([{"input": "abc\n", "output": "cba\n", "testtype": "stdin"}])},
+        {
+            "id": "sum",
+            "prompt": "Read two integers and print their sum.",
+            "tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "-5 5\n", "output": "0\n"}],
+            "reference": "a, b = map(int, input().split())\nprint(a + b)",
+        },
+        {
+            "name": "max",
+            "description": "Read n numbers on one line; print the largest.",  # CodeContests-like
+            "public_tests": {"input": ["3 1 2\n"], "output": ["3\n"]},
+            "private_tests": {"input": ["-1 -7\n"], "output": ["-1\n"]},
+            "solutions": {"language": [2, 3], "solution": ["int main(){}", "print(max(map(int, input().split())))"]},
+        },
+        {
+            "question_id": "rev",
+            "question_content": "Print the input line reversed.",  # LiveCodeBench-like
+            "public_test_cases": json.dumps([{"input": "abc\n", "output": "cba\n", "testtype": "stdin"}]),
+        },
         {"id": "functional-only", "prompt": "x", "public_test_cases": "[]"},
-    ]  # fmt: skip
+    ]
     path = tmp_path / "problems.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
     return path
@@ -95,9 +110,11 @@ def test_jsonl_stdio_problems_reference_wins_and_wrong_program_loses(jsonl, tiny
     assert [s["id"] for s in specs] == ["sum", "max", "rev"] and specs[0]["path"] == str(jsonl.resolve())
     for spec in specs[:2]:
         CodingEnv.validate_spec(config, spec)  # their references pass
-    answers = ["\\boxed{a, b = map(int, input().split())\nprint(a + b)}",
-               "\\boxed{```python\nprint(max(map(int, input().split())))\n```}",
-               "\\boxed{print(input()[::-1])}"]  # fmt: skip
+    answers = [
+        "\\boxed{a, b = map(int, input().split())\nprint(a + b)}",
+        "\\boxed{```python\nprint(max(map(int, input().split())))\n```}",
+        "\\boxed{print(input()[::-1])}",
+    ]
     rows, terminations, outcomes = run(config, tiny_tokenizer, specs, answers)
     assert outcomes == [1, 1, 1] and "standard input" in rows[0]["prompt"]
     wrong = ["\\boxed{print(3)}", "\\boxed{print(min(map(int, input().split())))}", "\\boxed{while True: pass}"]
@@ -112,16 +129,22 @@ def test_rewrites_need_a_reference_that_passes(jsonl):
     config = coding_config(source="jsonl", jsonl_path=str(jsonl), problems=["sum"])
     spec = initial_specs(config, seed=0)[0]
     assert '"reference"' in CodingEnv.rewrite_instructions(spec, "harder")
-    new = {"prompt": "Read three integers and print their sum.", "tests": [{"input": "1 2 3", "output": "6"}],
-           "reference": "print(sum(map(int, input().split())))"}  # fmt: skip
+    new = {
+        "prompt": "Read three integers and print their sum.",
+        "tests": [{"input": "1 2 3", "output": "6"}],
+        "reference": "print(sum(map(int, input().split())))",
+    }
     rewritten = CodingEnv.parse_rewrite(spec, "\\boxed{" + json.dumps(new) + "}")
     assert rewritten["source"] == "inline"
     CodingEnv.validate_spec(config, rewritten)
     broken = CodingEnv.parse_rewrite(spec, "\\boxed{" + json.dumps({**new, "reference": "print(0)"}) + "}")
     with pytest.raises(ValueError, match="reference solution fails tests"):
         CodingEnv.validate_spec(config, broken)
-    for bad, reason in [({"prompt": "p", "tests": []}, "missing keys"), ({**new, "tests": []}, "non-empty list"),
-                        ({**new, "tests": [{"stdin": "1"}]}, "must be")]:  # fmt: skip
+    for bad, reason in [
+        ({"prompt": "p", "tests": []}, "missing keys"),
+        ({**new, "tests": []}, "non-empty list"),
+        ({**new, "tests": [{"stdin": "1"}]}, "must be"),
+    ]:
         with pytest.raises(ValueError, match=reason):
             CodingEnv.parse_rewrite(spec, "\\boxed{" + json.dumps(bad) + "}")
     # The rule: easier = the first half of the tests, same prompt and prefix.

@@ -7,8 +7,16 @@ from rlanything.envs.first_letter import LETTER_ORDER, FirstLetterEnv
 
 
 def env_config(letters="ae", n=3):
-    return build_config({"env": {"kind": "first_letter", "options": {"letters": letters}, "num_problems": n,
-                                 "answer_fallback": "first_word"}}).env  # fmt: skip
+    return build_config(
+        {
+            "env": {
+                "kind": "first_letter",
+                "options": {"letters": letters},
+                "num_problems": n,
+                "answer_fallback": "first_word",
+            }
+        }
+    ).env
 
 
 def play(spec, response):
@@ -29,9 +37,17 @@ def test_kind_dispatches_and_the_prompt_states_the_rule():
 
 @pytest.mark.parametrize(
     "response, outcome",
-    [("apple pie", 1), ("  Eagle", 1), ("\\boxed{egg} not banana", 1), ("banana apple", -1), ("", -1),
-     ("\\boxed{ }", -1), ("\\boxed{banana} apple", -1), ("'apple'", -1)],
-)  # fmt: skip
+    [
+        ("apple pie", 1),
+        ("  Eagle", 1),
+        ("\\boxed{egg} not banana", 1),
+        ("banana apple", -1),
+        ("", -1),
+        ("\\boxed{ }", -1),
+        ("\\boxed{banana} apple", -1),
+        ("'apple'", -1),
+    ],
+)
 def test_outcome_reads_the_first_letter_of_the_boxed_answer_or_first_word(response, outcome):
     spec = {"letters": "ae", "seed": 5}
     assert play(spec, response)[2] == outcome
@@ -55,9 +71,14 @@ def test_specs_differ_per_slot_and_rebuild_the_same_prompt():
 
 @pytest.mark.parametrize(
     "spec, reason",
-    [({"letters": "a"}, "spec keys"), ({"letters": "A", "seed": 0}, "lowercase"), ({"letters": "aa", "seed": 0}, "distinct"),
-     ({"letters": "", "seed": 0}, "non-empty"), ({"letters": "a", "seed": "1"}, "integer")],
-)  # fmt: skip
+    [
+        ({"letters": "a"}, "spec keys"),
+        ({"letters": "A", "seed": 0}, "lowercase"),
+        ({"letters": "aa", "seed": 0}, "distinct"),
+        ({"letters": "", "seed": 0}, "non-empty"),
+        ({"letters": "a", "seed": "1"}, "integer"),
+    ],
+)
 def test_bad_specs_name_the_problem(spec, reason):
     with pytest.raises(ValueError, match=reason):
         FirstLetterEnv.validate_spec(env_config(), spec)
@@ -84,7 +105,10 @@ def test_rule_rewrites_step_the_letter_set_and_parse_back():
 
 def test_malformed_rewrites_are_rejected():
     spec = {"letters": "a", "seed": 0}
-    for bad, reason in [("no box", "no \\\\boxed"), ('\\boxed{{"letters": "A"}}', "lowercase"),
-                        ('\\boxed{{"seed": 3}}', "unknown parameters")]:  # fmt: skip
+    for bad, reason in [
+        ("no box", "no \\\\boxed"),
+        ('\\boxed{{"letters": "A"}}', "lowercase"),
+        ('\\boxed{{"seed": 3}}', "unknown parameters"),
+    ]:
         with pytest.raises(ValueError, match=reason):
             FirstLetterEnv.parse_rewrite(spec, bad)

@@ -36,95 +36,94 @@ CASES = {
     "write_tmp": "write('/tmp/MARK', 'x')\nos.makedirs('/tmp/MARK-dir/a')\nescaped = False",
     "write_dev_shm": "write('/dev/shm/MARK', 'x')\nescaped = False",
     "write_cwd_parent": "write('../MARK', 'x')\nescaped = True",
-    "write_home": "write(os.path.expanduser('~/MARK'), 'x')\nwrite('HOSTHOME/MARK', 'x')\n"
-                  "escaped = True",
+    "write_home": "write(os.path.expanduser('~/MARK'), 'x')\nwrite('HOSTHOME/MARK', 'x')\nescaped = True",
     "write_run_folder": "write('RUNDIR/MARK', 'x')\nescaped = True",
     "write_checkout": "write('CHECKOUT/MARK', 'x')\nescaped = True",
     "write_usr": "write('/usr/lib/MARK', 'x')\nescaped = True",
     "write_root_and_dev": "escaped = False\nfor p in ('/MARK', '/dev/MARK', '/proc/MARK', '/bin/MARK'):\n"
-                          "    try:\n        write(p, 'x')\n        escaped = True\n"
-                          "    except OSError:\n        pass",
+    "    try:\n        write(p, 'x')\n        escaped = True\n"
+    "    except OSError:\n        pass",
     "fill_tmp_small_files": "n = 0\ntry:\n    for n in range(3000):\n        with open(f'/tmp/MARK-{n}', 'wb') as f:\n            f.write(b'x' * 4096)\n"
-                            "except OSError:\n    pass\nescaped = n >= 2999",
+    "except OSError:\n    pass\nescaped = n >= 2999",
     "fill_cwd_and_shm": "n = 0\ntry:\n    for n in range(3000):\n        with open(f'MARK-{n}', 'wb') as f:\n            f.write(b'x' * 4096)\n"
-                        "        with open(f'/dev/shm/MARK-{n}', 'wb') as f:\n            f.write(b'x' * 4096)\nexcept OSError:\n    pass\n"
-                        "escaped = n >= 2999",
+    "        with open(f'/dev/shm/MARK-{n}', 'wb') as f:\n            f.write(b'x' * 4096)\nexcept OSError:\n    pass\n"
+    "escaped = n >= 2999",
     "huge_file": "f = open('/tmp/MARK-big', 'wb')\nfor _ in range(8):\n    f.write(b'x' * 2**20)\n    f.flush()\n"
-                 "escaped = True",
+    "escaped = True",
     "symlink_in_tmp": "os.symlink('/etc/shadow', '/tmp/MARK-link')\nos.symlink('/root', '/tmp/MARK-root')\n"
-                      "escaped = os.path.exists('/tmp/MARK-link') or os.path.exists('/tmp/MARK-root/.bashrc')",
+    "escaped = os.path.exists('/tmp/MARK-link') or os.path.exists('/tmp/MARK-root/.bashrc')",
     "dotdot_paths": "escaped = False\nfor p in ('../../../../tmp/MARK', '/sandbox/../../tmp/MARK-b', '../../../../dev/shm/MARK'):\n"
-                    "    try:\n        write(p, 'x')\n    except OSError:\n        pass\n"
-                    "for p in ('../../../../etc/passwd', '../' * 8 + 'RUNDIR/../MARK'):\n"
-                    "    escaped |= os.path.exists(p)",
+    "    try:\n        write(p, 'x')\n    except OSError:\n        pass\n"
+    "for p in ('../../../../etc/passwd', '../' * 8 + 'RUNDIR/../MARK'):\n"
+    "    escaped |= os.path.exists(p)",
     "leave_state_for_later": "names = ('/tmp/rla-note', '/dev/shm/rla-note', 'rla-note', os.path.expanduser('~/rla-note'))\n"
-                             "escaped = any(os.path.exists(p) for p in names)\nfor p in names:\n"
-                             "    write(p, 'answer: 42')",
+    "escaped = any(os.path.exists(p) for p in names)\nfor p in names:\n"
+    "    write(p, 'answer: 42')",
     "chmod_chown": "escaped = False\nfor act in (lambda: os.chown('main.py', 0, 0), lambda: os.chmod('/usr/bin/python3', 0o4777),\n"
-                   "            lambda: os.chmod('/', 0o777), lambda: os.chown('/tmp', 0, 0),\n"
-                   "            lambda: os.chmod('/proc/self/exe', 0o4777)):\n"
-                   "    try:\n        act()\n        escaped = True\n    except OSError:\n        pass",
+    "            lambda: os.chmod('/', 0o777), lambda: os.chown('/tmp', 0, 0),\n"
+    "            lambda: os.chmod('/proc/self/exe', 0o4777)):\n"
+    "    try:\n        act()\n        escaped = True\n    except OSError:\n        pass",
     "write_proc": "escaped = False\nfor path, value in (('/proc/self/oom_score_adj', '-1000'), ('/proc/sysrq-trigger', 'b'),\n"
-                  "                    ('/proc/sys/kernel/hostname', 'MARK'), ('/proc/sys/vm/drop_caches', '3')):\n"
-                  "    try:\n        write(path, value)\n        escaped = True\n    except OSError:\n        pass",
+    "                    ('/proc/sys/kernel/hostname', 'MARK'), ('/proc/sys/vm/drop_caches', '3')):\n"
+    "    try:\n        write(path, value)\n        escaped = True\n    except OSError:\n        pass",
     # --- reading what is not ours -------------------------------------------------------------
     "read_other_runs_mlflow_db": "try:\n    data = open('DBPATH', 'rb').read()\nexcept OSError:\n    data = b''\n"
-                                 "import glob\nfound = glob.glob('/tmp/**/mlflow.db', recursive=True)\n"
-                                 "escaped = b'RLA-SECRET' in data or bool(found)\nprint(data[:200], found)",
+    "import glob\nfound = glob.glob('/tmp/**/mlflow.db', recursive=True)\n"
+    "escaped = b'RLA-SECRET' in data or bool(found)\nprint(data[:200], found)",
     "read_host_proc_cmdline": "seen = []\nfor pid in os.listdir('/proc'):\n    if pid.isdigit():\n        try:\n"
-                              "            seen.append(open(f'/proc/{pid}/cmdline', 'rb').read())\n        except OSError:\n"
-                              "            pass\nescaped = any(b'pytest' in c or b'rla-hostile-sentinel' in c for c in seen) or len(seen) > 3\n"
-                              "print(len(seen))",
+    "            seen.append(open(f'/proc/{pid}/cmdline', 'rb').read())\n        except OSError:\n"
+    "            pass\nescaped = any(b'pytest' in c or b'rla-hostile-sentinel' in c for c in seen) or len(seen) > 3\n"
+    "print(len(seen))",
     "read_our_environ": "try:\n    env = open('/proc/OURPID/environ', 'rb').read()\nexcept OSError:\n    env = b''\n"
-                        "escaped = b'RLA-SECRET' in env or 'RLA_HOSTILE_SECRET' in os.environ",
+    "escaped = b'RLA-SECRET' in env or 'RLA_HOSTILE_SECRET' in os.environ",
     "read_etc_shadow_passwd": "escaped = False\nfor p in ('/etc/shadow', '/etc/passwd', '/etc/hostname'):\n    try:\n"
-                              "        print(open(p).read()[:100])\n        escaped = True\n    except OSError:\n        pass",
+    "        print(open(p).read()[:100])\n        escaped = True\n    except OSError:\n        pass",
     "read_checkout": "try:\n    text = open('CHECKOUT/pyproject.toml').read()\nexcept OSError:\n    text = ''\n"
-                     "escaped = 'rlanything' in text or os.path.exists('CHECKOUT')",
+    "escaped = 'rlanything' in text or os.path.exists('CHECKOUT')",
     "read_home": "escaped = any(os.path.exists(os.path.join('HOSTHOME', n)) for n in HOME_NAMES)",
     "ptrace_host_process": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-                           "escaped = libc.ptrace(16, OURPID, 0, 0) == 0 or libc.ptrace(16, SENTINEL, 0, 0) == 0",
+    "escaped = libc.ptrace(16, OURPID, 0, 0) == 0 or libc.ptrace(16, SENTINEL, 0, 0) == 0",
     # --- namespaces, privileges, system calls --------------------------------------------------
     "unshare_user_command": "import subprocess\ndone = subprocess.run(['unshare', '-U', 'true'], capture_output=True)\n"
-                            "escaped = done.returncode == 0",
+    "escaped = done.returncode == 0",
     "unshare_ctypes": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-                      "escaped = any(libc.unshare(flag) == 0 for flag in (0x10000000, 0x00020000, 0x40000000))\n"
-                      "escaped |= hasattr(os, 'unshare') and os.unshare(os.CLONE_NEWUSER) is None",
+    "escaped = any(libc.unshare(flag) == 0 for flag in (0x10000000, 0x00020000, 0x40000000))\n"
+    "escaped |= hasattr(os, 'unshare') and os.unshare(os.CLONE_NEWUSER) is None",
     "setrlimit_raise": "import resource\nescaped = False\n"
-                       "for r in (resource.RLIMIT_NPROC, resource.RLIMIT_AS, resource.RLIMIT_CPU, resource.RLIMIT_FSIZE):\n"
-                       "    soft, hard = resource.getrlimit(r)\n    try:\n"
-                       "        resource.setrlimit(r, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
-                       "        escaped = True\n    except (ValueError, OSError):\n        pass",
+    "for r in (resource.RLIMIT_NPROC, resource.RLIMIT_AS, resource.RLIMIT_CPU, resource.RLIMIT_FSIZE):\n"
+    "    soft, hard = resource.getrlimit(r)\n    try:\n"
+    "        resource.setrlimit(r, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
+    "        escaped = True\n    except (ValueError, OSError):\n        pass",
     "ctypes_syscalls": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-                       "calls = [libc.syscall(165, b'none', b'/tmp', b'tmpfs', 0, None), libc.setuid(0), libc.chroot(b'/tmp'),\n"
-                       "         libc.syscall(169, 0xfee1dead, 672274793, 0x4321fedc, None), libc.sethostname(b'x', 1)]\n"
-                       "escaped = any(c == 0 for c in calls)",
+    "calls = [libc.syscall(165, b'none', b'/tmp', b'tmpfs', 0, None), libc.setuid(0), libc.chroot(b'/tmp'),\n"
+    "         libc.syscall(169, 0xfee1dead, 672274793, 0x4321fedc, None), libc.sethostname(b'x', 1)]\n"
+    "escaped = any(c == 0 for c in calls)",
     "mount_and_su": "import subprocess\nruns = [subprocess.run(c, capture_output=True) for c in\n"
-                    "        (['mount', '-t', 'tmpfs', 'x', '/tmp'], ['su', '-c', 'true'], ['chroot', '/', 'true'])]\n"
-                    "escaped = any(r.returncode == 0 for r in runs)",
+    "        (['mount', '-t', 'tmpfs', 'x', '/tmp'], ['su', '-c', 'true'], ['chroot', '/', 'true'])]\n"
+    "escaped = any(r.returncode == 0 for r in runs)",
     "execve_shell": "os.execv('/bin/sh', ['sh', '-c', 'echo x > /tmp/MARK; echo x > HOSTHOME/MARK; cat /etc/shadow; "
-                    "exec sleep 30'])",
+    "exec sleep 30'])",
     "network_localhost": "import socket\ntry:\n    socket.create_connection(('127.0.0.1', PORT), timeout=0.5)\n"
-                         "    escaped = True\nexcept OSError:\n    escaped = False",
+    "    escaped = True\nexcept OSError:\n    escaped = False",
     "network_external_and_dns": "import socket\nescaped = False\nfor act in (lambda: socket.getaddrinfo('pypi.org', 443),\n"
-                                "            lambda: socket.create_connection(('1.1.1.1', 53), timeout=0.5)):\n"
-                                "    try:\n        act()\n        escaped = True\n    except OSError:\n        pass",
+    "            lambda: socket.create_connection(('1.1.1.1', 53), timeout=0.5)):\n"
+    "    try:\n        act()\n        escaped = True\n    except OSError:\n        pass",
     # --- processes, time, memory, output ------------------------------------------------------
     "fork_bomb": "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
     "thread_bomb": "import threading, time\nn = 0\ntry:\n    for n in range(10000):\n"
-                   "        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\nexcept RuntimeError:\n"
-                   "    pass\nescaped = n > 100",
+    "        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\nexcept RuntimeError:\n"
+    "    pass\nescaped = n > 100",
     "memory_bomb": "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))",
     "infinite_loop": "while True:\n    pass",
     "sleep_past_timeout": "import time\ntime.sleep(30)\nescaped = True",
     "ignores_sigterm": "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nif os.fork() == 0:\n"
-                       "    os.execv(sys.executable, [sys.executable, '-c', 'import signal, time; "
-                       "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)', 'MARK'])\ntime.sleep(30)",
+    "    os.execv(sys.executable, [sys.executable, '-c', 'import signal, time; "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)', 'MARK'])\ntime.sleep(30)",
     "daemonize_double_fork": "import time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-                             "        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', 'MARK'])\n"
-                             "    os._exit(0)\ntime.sleep(0.2)\nescaped = False",
+    "        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', 'MARK'])\n"
+    "    os._exit(0)\ntime.sleep(0.2)\nescaped = False",
     "kill_parent": "import signal\nfor pid in (OURPID, SENTINEL, os.getppid()):\n    try:\n"
-                   "        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\nescaped = False",
+    "        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\nescaped = False",
     "kill_everything": "import subprocess\nsubprocess.run(['kill', '-9', '-1'])\nos.kill(-1, 9)\nescaped = False",
     "close_stdout": "os.close(1)\nos.close(2)\nescaped = False",
     "huge_output": "while True:\n    print('x' * 10000)",
@@ -174,10 +173,17 @@ def host():
 def program(case: str, mark: str, host: dict) -> str:
     home_names = sorted(n for n in os.listdir(HOME) if n != ".pyenv")[:20]  # .pyenv: the interpreter may be bound
     source = PROLOGUE + CASES[case]
-    for key, value in (("MARK", mark), ("DBPATH", str(host["db"])), ("RUNDIR", str(host["run_dir"])),
-                       ("HOSTHOME", str(HOME)), ("CHECKOUT", str(CHECKOUT)), ("HOMENAMES", repr(home_names)),
-                       ("PORT", str(host["listener"].getsockname()[1])), ("OURPID", str(os.getpid())),
-                       ("SENTINEL", str(host["sentinel"].pid))):  # fmt: skip
+    for key, value in (
+        ("MARK", mark),
+        ("DBPATH", str(host["db"])),
+        ("RUNDIR", str(host["run_dir"])),
+        ("HOSTHOME", str(HOME)),
+        ("CHECKOUT", str(CHECKOUT)),
+        ("HOMENAMES", repr(home_names)),
+        ("PORT", str(host["listener"].getsockname()[1])),
+        ("OURPID", str(os.getpid())),
+        ("SENTINEL", str(host["sentinel"].pid)),
+    ):
         source = source.replace(key, value)
     return source
 

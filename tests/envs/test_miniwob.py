@@ -123,9 +123,18 @@ def run_episodes(cfg, tokenizer, specs, play_kw=None, **engine_kw):
         {"task_id": f"s{i:03d}v00", "slot": i, "version": 0, "spec": s, "pending": False} for i, s in enumerate(specs)
     ]
     rows, trajectories = play(
-        ExpertEngine(tokenizer, **engine_kw), tokenizer, lambda: make_env(cfg), tasks, group_size=1,
-        max_steps=cfg.max_steps, max_new_tokens=32, temperature=1.0, top_p=1.0, seed=0, **(play_kw or {}),
-    )  # fmt: skip
+        ExpertEngine(tokenizer, **engine_kw),
+        tokenizer,
+        lambda: make_env(cfg),
+        tasks,
+        group_size=1,
+        max_steps=cfg.max_steps,
+        max_new_tokens=32,
+        temperature=1.0,
+        top_p=1.0,
+        seed=0,
+        **(play_kw or {}),
+    )
     actions = {t["traj_id"]: [r["action"] for r in rows if r["traj_id"] == t["traj_id"]] for t in trajectories}
     return rows, trajectories, actions
 
@@ -202,8 +211,14 @@ def test_episodes_run_concurrently_within_the_pool_size():
 def test_malformed_actions_are_answered_not_fatal():
     env = make_env(env_config())
     first = env.reset({"task": "click-button", "seed": 1})
-    for bad, says in [(None, "no action"), ("clik(3)", "unknown action"), ("click(three)", "bad arguments"),
-                      ("click(999)", "there is no element [999]"), ("key(Hyper)", "unknown key"), ("just words", "cannot read")]:  # fmt: skip
+    for bad, says in [
+        (None, "no action"),
+        ("clik(3)", "unknown action"),
+        ("click(three)", "bad arguments"),
+        ("click(999)", "there is no element [999]"),
+        ("key(Hyper)", "unknown key"),
+        ("just words", "cannot read"),
+    ]:
         result = env.step(bad)
         assert not result.done and f"-> error: {says}" in result.observation, (bad, result.observation)
         assert result.observation.split("\n", 2)[2] == first.split("\n", 1)[1]  # page unchanged
@@ -226,18 +241,76 @@ def test_action_grammar():
 
 
 def test_observation_lists_interactive_elements_first_with_text_state_and_position():
-    dom = {"tag": "BODY", "ref": 1, "left": 0, "top": 0, "width": 160, "height": 210, "children": [
-        {"tag": "SPAN", "ref": 2, "left": 2, "top": 60, "width": 50, "height": 11, "text": "some words", "children": []},
-        {"tag": "LABEL", "ref": 3, "left": 2, "top": 80, "width": 60, "height": 11, "children": [
-            {"tag": "INPUT_checkbox", "ref": 4, "left": 6, "top": 78, "width": 20, "height": 13, "value": True, "children": []},
-            {"tag": "t", "ref": -1, "left": 29, "top": 80, "width": 30, "height": 11, "text": "abc", "children": []}]},
-        {"tag": "INPUT_text", "ref": 5, "left": 2, "top": 100, "width": 128, "height": 21, "value": "hey", "focused": True, "children": []},
-    ]}  # fmt: skip
+    dom = {
+        "tag": "BODY",
+        "ref": 1,
+        "left": 0,
+        "top": 0,
+        "width": 160,
+        "height": 210,
+        "children": [
+            {
+                "tag": "SPAN",
+                "ref": 2,
+                "left": 2,
+                "top": 60,
+                "width": 50,
+                "height": 11,
+                "text": "some words",
+                "children": [],
+            },
+            {
+                "tag": "LABEL",
+                "ref": 3,
+                "left": 2,
+                "top": 80,
+                "width": 60,
+                "height": 11,
+                "children": [
+                    {
+                        "tag": "INPUT_checkbox",
+                        "ref": 4,
+                        "left": 6,
+                        "top": 78,
+                        "width": 20,
+                        "height": 13,
+                        "value": True,
+                        "children": [],
+                    },
+                    {
+                        "tag": "t",
+                        "ref": -1,
+                        "left": 29,
+                        "top": 80,
+                        "width": 30,
+                        "height": 11,
+                        "text": "abc",
+                        "children": [],
+                    },
+                ],
+            },
+            {
+                "tag": "INPUT_text",
+                "ref": 5,
+                "left": 2,
+                "top": 100,
+                "width": 128,
+                "height": 21,
+                "value": "hey",
+                "focused": True,
+                "children": [],
+            },
+        ],
+    }
     listed, by_ref = page_elements(dom)
     assert set(by_ref) == {1, 2, 3, 4, 5}
     lines = [e.line() for e in listed]
-    assert lines == ['[2] span "some words" @2,60 50x11', '[3] label "abc" @2,80 60x11',
-                     '[4] input_checkbox "abc" checked @6,78 20x13', '[5] input_text "" value="hey" focused @2,100 128x21']  # fmt: skip
+    assert lines == [
+        '[2] span "some words" @2,60 50x11',
+        '[3] label "abc" @2,80 60x11',
+        '[4] input_checkbox "abc" checked @6,78 20x13',
+        '[5] input_text "" value="hey" focused @2,100 128x21',
+    ]
 
 
 def test_screenshot_is_a_png_of_the_task_area():
@@ -265,7 +338,9 @@ def test_the_rollout_loop_keeps_a_screenshot_per_step_and_counts_failed_ones(tin
         return f"t{traj_id}-{step_idx}"
 
     spec = {"task": "enter-text", "seed": 4}  # focus, type, submit: three steps
-    rows, trajectories, _ = run_episodes(env_config(), tiny_tokenizer, [spec], {"save_screenshot": save, "screenshot_errors": errors})
+    rows, trajectories, _ = run_episodes(
+        env_config(), tiny_tokenizer, [spec], {"save_screenshot": save, "screenshot_errors": errors}
+    )
     assert trajectories[0]["termination"] == "done" and len(rows) >= 2 and not errors
     assert trajectories[0]["first_screenshot"] == "t0-None" and trajectories[0]["live_outcome"] is None  # replayable
     assert [r["screenshot"] for r in rows] == [f"t0-{r['step_idx']}" for r in rows]
@@ -277,7 +352,9 @@ def test_the_rollout_loop_keeps_a_screenshot_per_step_and_counts_failed_ones(tin
         raise RuntimeError("screen capture failed")
 
     monkeypatch.setattr(MiniWoBEnv, "last_screenshot", broken)  # a failing capture costs the picture only
-    rows, trajectories, actions = run_episodes(env_config(), tiny_tokenizer, [spec], {"save_screenshot": save, "screenshot_errors": errors})
+    rows, trajectories, actions = run_episodes(
+        env_config(), tiny_tokenizer, [spec], {"save_screenshot": save, "screenshot_errors": errors}
+    )
     assert trajectories[0]["termination"] == "done" and trajectories[0]["first_screenshot"] is None
     assert all(r["screenshot"] is None for r in rows) and len(errors) == len(rows) + 1
     assert "RuntimeError: screen capture failed" in errors[0]
@@ -325,8 +402,12 @@ def test_specs_validation_and_rewrites_keep_a_real_verifier():
     specs = initial_specs(cfg, seed=4)
     assert [s["task"] for s in specs] == ["click-button", "enter-text", "click-button"]
     assert len({s["seed"] for s in specs}) == 3
-    for bad, reason in [({"task": "no-such-task", "seed": 1}, "no MiniWoB"), ({"task": "click-button"}, "spec keys"),
-                        ({"task": "click-button", "seed": "1"}, "seed: int"), ({"task": "flight.Alaska", "seed": 1}, "no MiniWoB")]:  # fmt: skip
+    for bad, reason in [
+        ({"task": "no-such-task", "seed": 1}, "no MiniWoB"),
+        ({"task": "click-button"}, "spec keys"),
+        ({"task": "click-button", "seed": "1"}, "seed: int"),
+        ({"task": "flight.Alaska", "seed": 1}, "no MiniWoB"),
+    ]:
         with pytest.raises(ValueError, match=reason):
             MiniWoBEnv.validate_spec(cfg, bad)
     spec = {"task": "click-button", "seed": 7, "hint": False}

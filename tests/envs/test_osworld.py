@@ -18,8 +18,7 @@ from scripted_policy import ScriptedPolicy, tasks_of
 
 from rlanything.agent.rollout import play
 from rlanything.config import build_config
-from rlanything.envs import env_class, initial_specs, make_env
-from rlanything.envs import osworld
+from rlanything.envs import env_class, initial_specs, make_env, osworld
 from rlanything.envs.osworld import OSWorldEnv, check_action, linearize_tree
 from rlanything.envs.verification import verify_episode
 
@@ -36,15 +35,23 @@ def write_examples(root, domain="os", n=3):
     folder = root / "examples" / domain
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(n):
-        example = {"id": f"task-{i}", "instruction": f"Do thing number {i}.", "config": [],
-                   "evaluator": {"func": "exact_match", "result": {"type": "vm_command_line"}}}  # fmt: skip
+        example = {
+            "id": f"task-{i}",
+            "instruction": f"Do thing number {i}.",
+            "config": [],
+            "evaluator": {"func": "exact_match", "result": {"type": "vm_command_line"}},
+        }
         (folder / f"task-{i}.json").write_text(json.dumps(example))
     return str(root)
 
 
 def env_config(examples_dir, **osworld):
-    data = {"kind": "osworld", "num_problems": 4, "max_steps": 5,
-            "options": {"examples_dir": examples_dir, "pause_s": 0, **osworld}}  # fmt: skip
+    data = {
+        "kind": "osworld",
+        "num_problems": 4,
+        "max_steps": 5,
+        "options": {"examples_dir": examples_dir, "pause_s": 0, **osworld},
+    }
     return build_config({"env": data}).env
 
 
@@ -70,7 +77,10 @@ def test_specs_and_rewrites_stay_among_examples_with_evaluators(tmp_path):
 
 
 def test_tree_linearization_and_action_checks():
-    assert linearize_tree(TREE, 1000).splitlines() == ['push-button "Save" @100,200 80x30', 'label "" File name @5,6 50x10']
+    assert linearize_tree(TREE, 1000).splitlines() == [
+        'push-button "Save" @100,200 80x30',
+        'label "" File name @5,6 50x10',
+    ]
     assert "more elements not shown" in linearize_tree(TREE, 40)
     assert linearize_tree(None, 100) == "(no accessibility tree)"
     assert check_action("pyautogui.click(100, 200)") is None and check_action("DONE") is None
@@ -142,9 +152,19 @@ def test_rollouts_keep_the_live_verdict_and_screens_and_verify_does_not_replay(t
     plans = {True: ["\\boxed{pyautogui.click(100, 200)}", "\\boxed{DONE}"], False: ["\\boxed{DONE}"]}
     policy = ScriptedPolicy(tiny_tokenizer, lambda obs: plans[solver in obs[0]][len(obs) - 1])
     saved = {}
-    rows, episodes = play(policy, tiny_tokenizer, lambda: make_env(cfg), tasks_of(specs), group_size=1, max_steps=5,
-                          max_new_tokens=16, temperature=1.0, top_p=1.0, seed=0,
-                          save_screenshot=lambda t, s, png: saved.setdefault((t, s), png) and f"{t}/{s}")  # fmt: skip
+    rows, episodes = play(
+        policy,
+        tiny_tokenizer,
+        lambda: make_env(cfg),
+        tasks_of(specs),
+        group_size=1,
+        max_steps=5,
+        max_new_tokens=16,
+        temperature=1.0,
+        top_p=1.0,
+        seed=0,
+        save_screenshot=lambda t, s, png: saved.setdefault((t, s), png) and f"{t}/{s}",
+    )
     assert specs[0] != specs[1] and [e["live_outcome"] for e in episodes] == [1, -1]
     assert [e["num_steps"] for e in episodes] == [2, 1]
     assert all(e["termination"] == "done" and e["first_screenshot"] == f"{e['traj_id']}/None" for e in episodes)
@@ -176,8 +196,9 @@ def test_live_episode_on_the_users_vm():
     pytest.importorskip("desktop_env", reason="OSWorld (pip package desktop-env) is not installed")
     if "RLANYTHING_OSWORLD" not in os.environ:
         pytest.skip("set RLANYTHING_OSWORLD to a JSON env.options section (kind osworld) to run an episode on a VM")
-    cfg = build_config({"env": {"kind": "osworld", "num_problems": 1,
-                                "options": json.loads(os.environ["RLANYTHING_OSWORLD"])}}).env  # fmt: skip
+    cfg = build_config(
+        {"env": {"kind": "osworld", "num_problems": 1, "options": json.loads(os.environ["RLANYTHING_OSWORLD"])}}
+    ).env
     spec = initial_specs(cfg, seed=0)[0]
     env = make_env(cfg)
     try:

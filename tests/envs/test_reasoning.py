@@ -4,8 +4,15 @@ from rlanything.config import build_config
 from rlanything.envs import env_class, initial_specs, make_env
 from rlanything.envs.reasoning import ReasoningGymEnv, build_entry
 
-EASY = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],
-        "allow_parentheses": False, "allow_negation": False}  # fmt: skip
+EASY = {
+    "min_terms": 2,
+    "max_terms": 2,
+    "min_digits": 1,
+    "max_digits": 1,
+    "operators": ["+"],
+    "allow_parentheses": False,
+    "allow_negation": False,
+}
 
 
 def env_config(dataset="basic_arithmetic", params=EASY, n=3):
@@ -58,8 +65,12 @@ def test_rewrite_round_trip_and_malformed_rewrites():
     new = ReasoningGymEnv.parse_rewrite(spec, 'Bigger numbers: \\boxed{{"max_digits": 2, "min_digits": 2}}')
     assert new["config"]["max_digits"] == 2 and new["config"]["operators"] == ["+"] and new["seed"] == spec["seed"]
     ReasoningGymEnv.validate_spec(env_config(), new)
-    for bad, reason in [("no box", "no \\\\boxed"), ("\\boxed{max_digits=2}", "not JSON"),
-                        ("\\boxed{[1]}", "JSON object"), ('\\boxed{{"colour": 1}}', "unknown parameters")]:  # fmt: skip
+    for bad, reason in [
+        ("no box", "no \\\\boxed"),
+        ("\\boxed{max_digits=2}", "not JSON"),
+        ("\\boxed{[1]}", "JSON object"),
+        ('\\boxed{{"colour": 1}}', "unknown parameters"),
+    ]:
         with pytest.raises(ValueError, match=reason):
             ReasoningGymEnv.parse_rewrite(spec, bad)
     with pytest.raises(ValueError, match="invalid reasoning-gym spec"):

@@ -82,8 +82,9 @@ def test_huge_file_fails_at_the_size_limit():
 
 def test_environment_secrets_are_invisible(monkeypatch):
     monkeypatch.setenv("RLANYTHING_TEST_SECRET", "hunter2")
-    result = run_program("import os\nprint(sorted(os.environ))\nprint(os.environ.get('RLANYTHING_TEST_SECRET'))",
-                         limits=FAST)  # fmt: skip
+    result = run_program(
+        "import os\nprint(sorted(os.environ))\nprint(os.environ.get('RLANYTHING_TEST_SECRET'))", limits=FAST
+    )
     assert result.stdout.splitlines() == ["['HOME', 'LANG', 'PATH', 'PWD', 'TMPDIR']", "None"]
     peek = run_program(f"print(open('/proc/{os.getpid()}/environ').read())", limits=FAST)  # private /proc
     assert peek.returncode != 0 and "hunter2" not in peek.stdout and "FileNotFoundError" in peek.stderr
@@ -98,7 +99,9 @@ def test_network_access_fails():
 
 
 def test_work_dir_is_private_and_thrown_away():
-    result = run_program("import os\nopen('note.txt', 'w').write('x')\nprint(os.getcwd(), sorted(os.listdir('.')))", limits=FAST)
+    result = run_program(
+        "import os\nopen('note.txt', 'w').write('x')\nprint(os.getcwd(), sorted(os.listdir('.')))", limits=FAST
+    )
     assert result.stdout == "/sandbox ['main.py', 'note.txt']\n" and result.isolation == "bubblewrap"
     again = run_program("import os\nprint(os.listdir('.'), os.listdir('/tmp'))", limits=FAST)
     assert again.stdout == "['main.py'] []\n"  # nothing of the run before
@@ -111,8 +114,13 @@ def test_run_tests_gives_one_result_per_test():
     tests = [{"input": "1 2\n", "output": "3\n"}, {"input": "2 2", "output": "5"}, {"input": "x", "output": "1"}]
     assert run_tests(stdio, tests, limits=FAST) == [True, False, False]
     code = "def f(x):\n    if x == 3:\n        while True:\n            pass\n    return x * 2"
-    tests = [{"code": "assert f(1) == 2"}, {"code": "assert f(2) == 5"}, {"code": "assert f(3) == 6"},
-             {"code": "import sys; sys.exit(0)"}, {"code": "assert f(4) == 8"}]  # fmt: skip
+    tests = [
+        {"code": "assert f(1) == 2"},
+        {"code": "assert f(2) == 5"},
+        {"code": "assert f(3) == 6"},
+        {"code": "import sys; sys.exit(0)"},
+        {"code": "assert f(4) == 8"},
+    ]
     assert run_tests(code, tests, limits=Limits(timeout_s=1.0)) == [True, False, False, False, True]
     assert run_tests("raise SystemExit(0)", [{"code": "assert True"}]) == [False]  # exiting early passes nothing
     assert run_tests("print('0 0 1')", [{"code": "pass"}]) == [True]  # printing cannot forge results

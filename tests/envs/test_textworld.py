@@ -25,8 +25,9 @@ def games(tmp_path_factory):
 
 def tw_config(games, n=2, max_steps=6, **textworld):
     textworld = {"game": "custom", "tw_make": SMALL, "games_dir": str(games), **textworld}
-    return build_config({"env": {"kind": "textworld", "num_problems": n, "max_steps": max_steps,
-                                 "options": textworld}}).env  # fmt: skip
+    return build_config(
+        {"env": {"kind": "textworld", "num_problems": n, "max_steps": max_steps, "options": textworld}}
+    ).env
 
 
 def run(config, tokenizer, specs, plans, max_steps):
@@ -126,7 +127,7 @@ def test_bad_specs_are_refused_with_tw_makes_reason(games):
         ({**good, "game": "tw-zork"}, "unknown TextWorld game type"),
         ({**good, "seed": -1}, "seed must be"),
         ({"game": "tw-treasure_hunter", "options": {"level": 31}, "seed": 1}, "level to be within"),
-    ]:  # fmt: skip
+    ]:
         with pytest.raises(ValueError, match=reason):
             TextWorldEnv.validate_spec(config, bad)
 
@@ -144,9 +145,12 @@ def test_rewrites_round_trip_and_the_rewritten_game_is_built(games):
     assert easier["options"]["quest_length"] == 1
     moved = TextWorldEnv.parse_rewrite(spec, 'A new world: \\boxed{{"seed": 5, "world_size": 3}}')
     assert moved["seed"] == 5 and moved["options"]["world_size"] == 3 and moved["game"] == "custom"
-    for bad, reason in [("no box", "no \\\\boxed"), ("\\boxed{seed=5}", "not JSON"),
-                        ('\\boxed{{"theme": "space"}}', "unknown parameters"),
-                        ('\\boxed{{"world_size": 0.5}}', "invalid int value")]:  # fmt: skip
+    for bad, reason in [
+        ("no box", "no \\\\boxed"),
+        ("\\boxed{seed=5}", "not JSON"),
+        ('\\boxed{{"theme": "space"}}', "unknown parameters"),
+        ('\\boxed{{"world_size": 0.5}}', "invalid int value"),
+    ]:
         with pytest.raises(ValueError, match=reason):
             TextWorldEnv.parse_rewrite(spec, bad)
     hunter = {"game": "tw-treasure_hunter", "options": {"level": 30}, "seed": 1}
@@ -175,8 +179,12 @@ def test_twx_gold_path_wins_and_wrong_play_loses(tiny_tokenizer):
 
     config = twx_config()
     specs = initial_specs(config, seed=0)
-    assert specs[0] == {"game": "twc", "params": {"numLocations": 1, "numItemsToPutAway": 1, "includeDoors": 0},
-                        "seed": 0, "fold": "train"}  # fmt: skip
+    assert specs[0] == {
+        "game": "twc",
+        "params": {"numLocations": 1, "numItemsToPutAway": 1, "includeDoors": 0},
+        "seed": 0,
+        "fold": "train",
+    }
     firsts = first_observations(config, specs)
     assert firsts[0].startswith("Goal: Your task is to pick up objects") and "Valid commands:\n1. " in firsts[0]
     plans = {f: ["\\boxed{fly away}"] + [f"\\boxed{{{c}}}" for c in gold_path(s)] for f, s in zip(firsts, specs)}

@@ -12,9 +12,20 @@ ENV = build_config({"env": {"num_problems": 2}}).env
 
 
 def episode(termination, error=None, live_outcome=None):
-    return {"traj_id": 4, "task_id": "s0001v00", "slot": 1, "version": 0, "rollout_idx": 2, "first_observation": "q",
-            "num_steps": 1, "termination": termination, "error": error, "pending": False, "first_screenshot": None,
-            "live_outcome": live_outcome}  # fmt: skip
+    return {
+        "traj_id": 4,
+        "task_id": "s0001v00",
+        "slot": 1,
+        "version": 0,
+        "rollout_idx": 2,
+        "first_observation": "q",
+        "num_steps": 1,
+        "termination": termination,
+        "error": error,
+        "pending": False,
+        "first_screenshot": None,
+        "live_outcome": live_outcome,
+    }
 
 
 def test_the_outcome_row_carries_every_id_column_of_outcomes_parquet():
@@ -41,5 +52,7 @@ def test_step_cap_fails_without_asking_and_an_env_error_is_invalid():
 
 
 def test_a_crashing_verifier_is_recorded_not_a_silent_minus_one():
-    row = verify_episode(ENV, episode("done"), json.dumps({"dataset": "no_such_dataset", "seed": 1, "config": {}}), ["1"])
+    row = verify_episode(
+        ENV, episode("done"), json.dumps({"dataset": "no_such_dataset", "seed": 1, "config": {}}), ["1"]
+    )
     assert row["valid"] is False and row["error"].startswith("verifier: ")

@@ -22,10 +22,17 @@ def run(prefect_server, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("runs")
     overrides = [
-        f"run.root={root}", "run.name=adapt", "run.iterations=3", "env.num_problems=3",
-        "policy.tasks_per_iteration=2", "policy.group_size=2", "adapt.rewriter=rule", "adapt.critic=extractive",
-        "env.options.dataset_config.max_terms=3", "env.options.dataset_config.max_digits=2",
-    ]  # fmt: skip
+        f"run.root={root}",
+        "run.name=adapt",
+        "run.iterations=3",
+        "env.num_problems=3",
+        "policy.tasks_per_iteration=2",
+        "policy.group_size=2",
+        "adapt.rewriter=rule",
+        "adapt.critic=extractive",
+        "env.options.dataset_config.max_terms=3",
+        "env.options.dataset_config.max_digits=2",
+    ]
     result = train_flow(str(REPO / "configs" / "tiny.yaml"), overrides)
     return RunLayout(Path(result["run_dir"])), result
 
@@ -40,7 +47,9 @@ def test_out_of_band_tasks_get_a_pending_rewrite(run):
     assert (first.role == "regular").all() and len(first) == 2
     assert (first.accuracy == 0).all() and (first.direction == "easier").all()  # random policy: never solved
     assert (first.decision == "proposed").all()
-    art = {n: read_table(layout.artifact(0, n), getattr(schemas, n.upper())) for n in ("outcomes", "judgments", "rollouts")}
+    art = {
+        n: read_table(layout.artifact(0, n), getattr(schemas, n.upper())) for n in ("outcomes", "judgments", "rollouts")
+    }
     for row in first.itertuples():
         of = {n: frame[frame.task_id == row.task_id] for n, frame in art.items()}
         items = failed_steps(of["outcomes"], of["judgments"], of["rollouts"], limit=4)

@@ -33,12 +33,16 @@ def test_only_the_newest_checkpoint_and_optimizer_state_stay(kept_run):
     for kind in ("policy", "rm"):
         assert sorted(p.name for p in (checkpoints / kind).iterdir()) == ["iter_0002"]
     assert sorted(p.relative_to(checkpoints).as_posix() for p in checkpoints.rglob("optimizer.pt")) == [
-        "policy/iter_0002/optimizer.pt", "rm/iter_0002/optimizer.pt"]  # fmt: skip
+        "policy/iter_0002/optimizer.pt",
+        "rm/iter_0002/optimizer.pt",
+    ]
     removed = [json.loads(line) for line in (checkpoints / "pruned.jsonl").read_text().splitlines()]
     assert [(r["after_iteration"], r["removed"]) for r in removed] == [
-        (1, "checkpoints/policy/iter_0000"), (1, "checkpoints/rm/iter_0000"),
-        (2, "checkpoints/policy/iter_0001"), (2, "checkpoints/rm/iter_0001"),
-    ]  # fmt: skip
+        (1, "checkpoints/policy/iter_0000"),
+        (1, "checkpoints/rm/iter_0000"),
+        (2, "checkpoints/policy/iter_0001"),
+        (2, "checkpoints/rm/iter_0001"),
+    ]
 
     # Bytes written per kind: in each iteration's summary (the newest still on disk, exactly).
     for iteration in range(3):

@@ -30,8 +30,11 @@ def evaluated_run(prefect_server, tmp_path_factory, small_overrides):
 def test_training_evaluates_every_iteration_and_draws_the_curves(evaluated_run):
     run_dir = Path(evaluated_run["run_dir"])
     walls = []
-    for iteration, folder, weights in ((-1, "base", "builtin:tiny-random"), (0, "iter_0000", "checkpoints/policy/iter_0000"),
-                                       (1, "iter_0001", "checkpoints/policy/iter_0001")):  # fmt: skip
+    for iteration, folder, weights in (
+        (-1, "base", "builtin:tiny-random"),
+        (0, "iter_0000", "checkpoints/policy/iter_0000"),
+        (1, "iter_0001", "checkpoints/policy/iter_0001"),
+    ):
         out = run_dir / "eval" / folder
         episodes = read_table(out / "episodes.parquet", EVAL_EPISODES)  # the declared schema, checked
         assert episodes.groupby("split").size().to_dict() == {"in_domain": 3, "ood": 3}
@@ -48,8 +51,14 @@ def test_training_evaluates_every_iteration_and_draws_the_curves(evaluated_run):
     assert Image.open(curves).size[0] > 300
     client = MlflowClient(evaluated_run["mlflow_uri"])
     run_id = evaluated_run["mlflow_run_id"]
-    for key in ("eval/in_domain/accuracy", "eval/ood/accuracy", "eval/in_domain/strict_accuracy",
-                "eval/in_domain/ci_high", "eval/ood/format_rate", "eval/in_domain/n"):  # fmt: skip
+    for key in (
+        "eval/in_domain/accuracy",
+        "eval/ood/accuracy",
+        "eval/in_domain/strict_accuracy",
+        "eval/in_domain/ci_high",
+        "eval/ood/format_rate",
+        "eval/in_domain/n",
+    ):
         history = client.get_metric_history(run_id, key)
         assert sorted(m.step for m in history) == [-1, 0, 1], key
     assert {m.value for m in client.get_metric_history(run_id, "eval/in_domain/n")} == {3.0}
@@ -64,8 +73,10 @@ def test_the_same_problems_for_every_checkpoint_and_none_from_training(evaluated
     from rlanything.tasks.evaluate import trained_specs
 
     run_dir = Path(evaluated_run["run_dir"])
-    base, first, second = (read_table(run_dir / "eval" / name / "episodes.parquet", EVAL_EPISODES)
-                           for name in ("base", "iter_0000", "iter_0001"))  # fmt: skip
+    base, first, second = (
+        read_table(run_dir / "eval" / name / "episodes.parquet", EVAL_EPISODES)
+        for name in ("base", "iter_0000", "iter_0001")
+    )
     assert base.spec.tolist() == first.spec.tolist() == second.spec.tolist()  # comparable points on the curve
     seen = {s["seed"] for s in trained_specs(str(run_dir))}
     assert seen and not seen & {json.loads(spec)["seed"] for spec in first.spec}
@@ -92,12 +103,13 @@ def wide_console(monkeypatch):
 
 def test_cli_prints_the_table(evaluated_run, wide_console):
     run_dir = evaluated_run["run_dir"]
-    result = runner.invoke(app, ["eval", f"{run_dir}@0", "--split", "in_domain", "--problems", "2"],
-                           terminal_width=200)  # fmt: skip
+    result = runner.invoke(app, ["eval", f"{run_dir}@0", "--split", "in_domain", "--problems", "2"], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "accuracy [95% CI]" in result.output and "in_domain" in result.output
     # 2 problems: one of the three Wilson intervals of k/2 (by hand: 0/2 -> [0, 0.6576], 1/2 -> [0.0945, 0.9055])
-    assert any(cell in result.output for cell in ("0.0% [0.0%, 65.8%]", "50.0% [9.5%, 90.5%]", "100.0% [34.2%, 100.0%]"))
+    assert any(
+        cell in result.output for cell in ("0.0% [0.0%, 65.8%]", "50.0% [9.5%, 90.5%]", "100.0% [34.2%, 100.0%]")
+    )
     assert len(read_table(Path(run_dir) / "eval" / "iter_0000" / "episodes.parquet", EVAL_EPISODES)) == 2
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from rlanything.storage.layout import RunLayout
 from rlanything.storage.artifacts import read_artifact
+from rlanything.storage.layout import RunLayout
 from rlanything.tasks.common import FLIP_ADVANTAGE_ENV
 
 pytestmark = pytest.mark.slow
@@ -56,8 +56,10 @@ def policy_curve(root: Path, name: str, overrides: list[str] = ()) -> list[float
     """Held-out greedy accuracy of the base policy and after the last iteration."""
     layout, summaries = train(root, name, list(overrides))
     curve = [held_out_accuracy(layout, "base"), held_out_accuracy(layout, str(len(summaries) - 1))]
-    print(f"{name}: held-out greedy accuracy base {curve[0]:.2f} -> {curve[1]:.2f}; rollout accuracy per iteration",
-          [round(s["accuracy"], 2) for s in summaries])  # fmt: skip
+    print(
+        f"{name}: held-out greedy accuracy base {curve[0]:.2f} -> {curve[1]:.2f}; rollout accuracy per iteration",
+        [round(s["accuracy"], 2) for s in summaries],
+    )
     return curve
 
 
@@ -78,8 +80,10 @@ def rm_runs(prefect_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("rm-runs")
     # one allowed letter: ~8% successes, so the outcomes leave the RM room to improve its agreement
     frozen_policy = ["policy.optim.frozen=true", "run.iterations=4", "env.options.letters=a"]
-    return {name: train(root, name, [*frozen_policy, *extra])
-            for name, extra in (("rm-trained", []), ("rm-frozen", ["rm.optim.frozen=true"]))}  # fmt: skip
+    return {
+        name: train(root, name, [*frozen_policy, *extra])
+        for name, extra in (("rm-trained", []), ("rm-frozen", ["rm.optim.frozen=true"]))
+    }
 
 
 def agreement(summaries: list[dict]) -> tuple[float, float]:

@@ -58,7 +58,9 @@ def test_every_step_has_its_screenshot_in_the_run_folder_and_in_mlflow(run):
         assert set(episodes.first_screenshot) == {f"screenshots/t{t:05d}_start.png" for t in episodes.traj_id}
         for name in expected | set(episodes.first_screenshot):
             assert Image.open(folder / name).size == (160, 210)
-        logged = {Path(a.path).name for a in client.list_artifacts(run["mlflow_run_id"], f"iter_{iteration:04d}/screenshots")}
+        logged = {
+            Path(a.path).name for a in client.list_artifacts(run["mlflow_run_id"], f"iter_{iteration:04d}/screenshots")
+        }
         assert logged == {Path(n).name for n in expected | set(episodes.first_screenshot)}
         summary = json.loads((folder / "summary.json").read_text())
         assert summary["rollout/screenshots"] == len(logged) and summary["rollout/screenshot_errors"] == 0

@@ -31,8 +31,15 @@ TINY = str(REPO / "configs" / "tiny.yaml")
 # Where each killed process dies, all in iteration 1 (so weights come from iter_0000's
 # checkpoints): `start` before the step does anything, `end` after it wrote its files but
 # before it logged them and Prefect recorded its result.
-KILLS = [("rollout", "start"), ("verify", "end"), ("rm_score", "start"), ("advantages", "end"),
-         ("policy_update", "start"), ("rm_update", "end"), ("adapt_tasks", "start")]  # fmt: skip
+KILLS = [
+    ("rollout", "start"),
+    ("verify", "end"),
+    ("rm_score", "start"),
+    ("advantages", "end"),
+    ("policy_update", "start"),
+    ("rm_update", "end"),
+    ("adapt_tasks", "start"),
+]
 
 
 # ---------------------------------------------------------------- helpers
@@ -41,14 +48,24 @@ KILLS = [("rollout", "start"), ("verify", "end"), ("rm_score", "start"), ("advan
 def cli(args: list[str], api_url: str, fault: str | None = None) -> subprocess.Popen:
     """`rlanything ARGS` in a subprocess, in its own process group."""
     env = {k: v for k, v in os.environ.items() if k != "RLANYTHING_FAULT"}
-    env.update(PREFECT_API_URL=api_url, PREFECT_LOGGING_LEVEL="INFO", RLANYTHING_PROGRESS="0", COLUMNS="300",
-               PYTHONUNBUFFERED="1")  # every log line is out before a SIGKILL  # fmt: skip
+    env.update(
+        PREFECT_API_URL=api_url,
+        PREFECT_LOGGING_LEVEL="INFO",
+        RLANYTHING_PROGRESS="0",
+        COLUMNS="300",
+        PYTHONUNBUFFERED="1",
+    )  # every log line is out before a SIGKILL
     if fault:
         env["RLANYTHING_FAULT"] = fault
     return subprocess.Popen(
-        [sys.executable, "-m", "rlanything.cli", *args], env=env, cwd=REPO, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "rlanything.cli", *args],
+        env=env,
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 420) -> str:
@@ -222,7 +239,9 @@ def test_a_failing_step_fails_the_flow_and_the_resume_runs_only_the_rest(small_r
     assert layout.iteration_done(0).exists()
 
 
-def test_two_resumes_at_once_one_runs_and_the_other_exits_with_a_message(small_run, small_overrides, prefect_api_url, monkeypatch):
+def test_two_resumes_at_once_one_runs_and_the_other_exits_with_a_message(
+    small_run, small_overrides, prefect_api_url, monkeypatch
+):
     """Resume A takes the run's lock (then is paused with SIGSTOP, so it surely holds it);
     resume B exits at once with code 3 naming A, creating no flow run; A then finishes."""
     from rlanything.flows.runlock import holder

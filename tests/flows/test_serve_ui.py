@@ -24,8 +24,15 @@ from rlanything.flows import servers
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]  # fmt: skip
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 pytestmark = [
     pytest.mark.slow,
@@ -40,15 +47,17 @@ def free_port() -> int:
 
 
 def api(url: str, body: dict | None = None):
-    request = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"content-type": "application/json"})  # fmt: skip
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode() if body is not None else None, headers={"content-type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.load(response)
 
 
 def rlanything(*args: str, env: dict, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlanything.cli", *args], env=env, cwd=REPO, text=True,
-                          capture_output=True, **kw)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "rlanything.cli", *args], env=env, cwd=REPO, text=True, capture_output=True, **kw
+    )
 
 
 def test_deployment_started_from_the_prefect_ui_completes_and_its_plots_show_in_mlflow(tmp_path, small_overrides):
@@ -61,8 +70,18 @@ def test_deployment_started_from_the_prefect_ui_completes_and_its_plots_show_in_
     prefect_url, mlflow_url = f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}"
     serve = None
     try:
-        started = rlanything("server", "start", "--root", str(root), "--prefect-port", str(prefect_port),
-                             "--mlflow-port", str(mlflow_port), env=env, timeout=300)  # fmt: skip
+        started = rlanything(
+            "server",
+            "start",
+            "--root",
+            str(root),
+            "--prefect-port",
+            str(prefect_port),
+            "--mlflow-port",
+            str(mlflow_port),
+            env=env,
+            timeout=300,
+        )
         assert started.returncode == 0, started.stdout + started.stderr
         assert f"Prefect UI  {prefect_url}" in started.stdout and f"MLflow UI   {mlflow_url}" in started.stdout
         status = rlanything("server", "status", "--root", str(root), env=env, timeout=60).stdout
@@ -70,10 +89,26 @@ def test_deployment_started_from_the_prefect_ui_completes_and_its_plots_show_in_
 
         sets = [a for o in [f"run.root={root}", "run.name=served", *small_overrides] for a in ("--set", o)]
         serve = subprocess.Popen(
-            [sys.executable, "-m", "rlanything.cli", "serve", "--root", str(root), "-c", "configs/tiny.yaml", *sets,
-             "-n", "1", "--name", "ui-test"],
-            env=env, cwd=REPO, stdout=open(tmp_path / "serve.log", "w"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "rlanything.cli",
+                "serve",
+                "--root",
+                str(root),
+                "-c",
+                "configs/tiny.yaml",
+                *sets,
+                "-n",
+                "1",
+                "--name",
+                "ui-test",
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=open(tmp_path / "serve.log", "w"),
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 180
         while not _deployment(prefect_url):
             assert serve.poll() is None, (tmp_path / "serve.log").read_text()
@@ -105,7 +140,11 @@ def test_deployment_started_from_the_prefect_ui_completes_and_its_plots_show_in_
             flow_run_id = _flow_run_with(prefect_url, "run.name=from-ui")
             page.goto(f"{prefect_url}/runs/flow-run/{flow_run_id}", wait_until="networkidle")
             deadline = time.monotonic() + 420
-            while (state := api(f"{prefect_url}/api/flow_runs/{flow_run_id}")["state"]["type"]) not in ("COMPLETED", "FAILED", "CRASHED"):
+            while (state := api(f"{prefect_url}/api/flow_runs/{flow_run_id}")["state"]["type"]) not in (
+                "COMPLETED",
+                "FAILED",
+                "CRASHED",
+            ):
                 assert time.monotonic() < deadline, f"flow run still {state}"
                 time.sleep(2)
             assert state == "COMPLETED", (tmp_path / "serve.log").read_text()[-3000:]
@@ -125,7 +164,14 @@ def test_deployment_started_from_the_prefect_ui_completes_and_its_plots_show_in_
             assert mlrun.info.status == "FINISHED"
             page.goto(f"{mlflow_url}/#/experiments/{experiment.experiment_id}/runs/{mlrun.info.run_id}/artifacts")
             page.get_by_text("iter_0000", exact=True).first.click()
-            for name in ("rollouts.parquet", "judgments.parquet", "curves.png", "iteration.png", "summary.md", "samples.md"):
+            for name in (
+                "rollouts.parquet",
+                "judgments.parquet",
+                "curves.png",
+                "iteration.png",
+                "summary.md",
+                "samples.md",
+            ):
                 page.get_by_text(name, exact=True).first.wait_for()
             page.get_by_text("curves.png", exact=True).first.click()
             page.get_by_text("iter_0000/curves.png").first.wait_for()  # the preview's header
@@ -143,7 +189,9 @@ def test_deployment_started_from_the_prefect_ui_completes_and_its_plots_show_in_
             serve.send_signal(signal.SIGKILL)
         if serve is not None:
             serve.wait(timeout=60)
-    assert stopped.returncode == 0 and "stopped: serve, prefect, mlflow" in stopped.stdout, stopped.stdout + stopped.stderr
+    assert stopped.returncode == 0 and "stopped: serve, prefect, mlflow" in stopped.stdout, (
+        stopped.stdout + stopped.stderr
+    )
     assert not [name for name, entry in servers.read_state(root).items()]
     for port in (prefect_port, mlflow_port):
         with socket.socket() as sock:

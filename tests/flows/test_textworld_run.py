@@ -20,8 +20,15 @@ def run(prefect_server, tmp_path_factory):
     from rlanything.flows.training import train_flow
 
     root = tmp_path_factory.mktemp("runs")
-    overrides = [f"run.root={root}", "run.name=tw", "env.num_problems=2", "policy.tasks_per_iteration=2",
-                 "policy.group_size=2", "rm.judgments_per_step=2", "env.max_steps=3"]  # fmt: skip
+    overrides = [
+        f"run.root={root}",
+        "run.name=tw",
+        "env.num_problems=2",
+        "policy.tasks_per_iteration=2",
+        "policy.group_size=2",
+        "rm.judgments_per_step=2",
+        "env.max_steps=3",
+    ]
     return train_flow(str(REPO / "configs" / "tiny-textworld.yaml"), overrides)
 
 

@@ -14,10 +14,15 @@ from rlanything.storage.parquet import read_table
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = {
-    "rollouts": schemas.ROLLOUTS, "episodes": schemas.EPISODES, "outcomes": schemas.OUTCOMES,
-    "judgments": schemas.JUDGMENTS, "advantages": schemas.ADVANTAGES, "policy_update": schemas.UPDATE,
-    "rm_update": schemas.UPDATE, "adaptation": schemas.ADAPTATION,
-}  # fmt: skip
+    "rollouts": schemas.ROLLOUTS,
+    "episodes": schemas.EPISODES,
+    "outcomes": schemas.OUTCOMES,
+    "judgments": schemas.JUDGMENTS,
+    "advantages": schemas.ADVANTAGES,
+    "policy_update": schemas.UPDATE,
+    "rm_update": schemas.UPDATE,
+    "adaptation": schemas.ADAPTATION,
+}
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +60,10 @@ def test_every_step_wrote_its_artifacts_with_their_schemas(run):
         assert (layout.checkpoint("policy", iteration) / "optimizer.pt").exists()
         assert layout.iteration_done(iteration).exists()
         # every sample names the weights that produced it: the base, then the last checkpoint
-        for table, kind, base in ((steps, "policy", "builtin:tiny-random"), (judgments, "rm", "builtin:tiny-random?seed=1")):
+        for table, kind, base in (
+            (steps, "policy", "builtin:tiny-random"),
+            (judgments, "rm", "builtin:tiny-random?seed=1"),
+        ):
             served = str(resolve_model_path(base).resolve()) if iteration == 0 else f"checkpoints/{kind}/iter_0000"
             assert set(table.weights) == {served}
         assert set(outcomes.verified_by) <= {"replay", "step_cap"}
@@ -78,8 +86,17 @@ def test_mlflow_holds_params_metrics_and_artifacts(run):
     mlrun = client.get_run(result["mlflow_run_id"])
     assert mlrun.info.status == "FINISHED"
     assert mlrun.data.params["policy.group_size"] == "4" and mlrun.data.params["rm.verdict"] == "constrained"
-    for key in ("accuracy", "mean_outcome", "rm/parse_rate", "policy/loss", "rm/loss", "policy/kl",
-                "tokens/policy_response", "time/rollout_s", "time/rm_update_s"):  # fmt: skip
+    for key in (
+        "accuracy",
+        "mean_outcome",
+        "rm/parse_rate",
+        "policy/loss",
+        "rm/loss",
+        "policy/kl",
+        "tokens/policy_response",
+        "time/rollout_s",
+        "time/rm_update_s",
+    ):
         history = client.get_metric_history(mlrun.info.run_id, key)
         assert sorted(m.step for m in history) == [0, 1], key
     for iteration in ("iter_0000", "iter_0001"):

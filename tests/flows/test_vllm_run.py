@@ -31,12 +31,19 @@ def run(prefect_server, tmp_path_factory):
     model = tiny_model_dir(hidden_size=128, num_heads=2, intermediate_size=256)  # vLLM's CPU attention: head_dim >= 32
     root = tmp_path_factory.mktemp("runs")
     overrides = [
-        f"run.root={root}", "run.name=vllm", "policy.tasks_per_iteration=2", f"policy.model={model}",
-        "policy.engine=vllm", f"policy.vllm.python={VLLM_PYTHON}", "policy.vllm.max_model_len=512",
-        "policy.vllm.gpu_memory_utilization=1.0", "policy.vllm.extra_args=[--enforce-eager]",
-        "policy.vllm.env={VLLM_CPU_KVCACHE_SPACE: '1'}", "policy.dtype=float32",
+        f"run.root={root}",
+        "run.name=vllm",
+        "policy.tasks_per_iteration=2",
+        f"policy.model={model}",
+        "policy.engine=vllm",
+        f"policy.vllm.python={VLLM_PYTHON}",
+        "policy.vllm.max_model_len=512",
+        "policy.vllm.gpu_memory_utilization=1.0",
+        "policy.vllm.extra_args=[--enforce-eager]",
+        "policy.vllm.env={VLLM_CPU_KVCACHE_SPACE: '1'}",
+        "policy.dtype=float32",
         "policy.optim.lr=0.01",  # a clearly different checkpoint after iteration 0
-    ]  # fmt: skip
+    ]
     return train_flow(str(REPO / "configs" / "tiny.yaml"), overrides), model
 
 

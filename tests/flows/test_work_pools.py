@@ -15,8 +15,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 POOLS = {"rlanything-inference": "inference", "rlanything-training": "training"}  # pool -> deployment in prefect.yaml
-PLACED = {"rollout": "inference", "verify": "inference", "rm_score": "inference",
-          "policy_update": "training", "rm_update": "training"}  # fmt: skip
+PLACED = {
+    "rollout": "inference",
+    "verify": "inference",
+    "rm_score": "inference",
+    "policy_update": "training",
+    "rm_update": "training",
+}
 
 
 @pytest.fixture
@@ -33,13 +38,24 @@ def workers(prefect_api_url, tmp_path):
             client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
     env = {**os.environ, "PREFECT_API_URL": prefect_api_url, "PREFECT_WORKER_QUERY_SECONDS": "1", "COLUMNS": "200"}
     names = [arg for name in POOLS.values() for arg in ("--name", name)]
-    done = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", *names], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", *names],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     logs = {pool: tmp_path / f"worker-{pool}.log" for pool in POOLS}
     procs = [
-        subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool], env=env, cwd=tmp_path,
-                         stdout=logs[pool].open("w"), stderr=subprocess.STDOUT)  # fmt: skip
+        subprocess.Popen(
+            [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool],
+            env=env,
+            cwd=tmp_path,
+            stdout=logs[pool].open("w"),
+            stderr=subprocess.STDOUT,
+        )
         for pool in POOLS
     ]
     try:
@@ -100,10 +116,14 @@ def test_steps_run_on_the_work_pools_their_deployments_name(workers, tmp_path, s
             assert run.state.name == "Completed" and run.state.message == "Completed", (step, run.state)
             assert run.infrastructure_pid and str(os.getpid()) not in run.infrastructure_pid.split(":")
         iteration_run = client.read_task_run(remote["rollout"].parent_task_run_id).flow_run_id
-        local = {t.name.rsplit("-", 1)[0]: t.state.name for t in
-                 client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [iteration_run]}))}  # fmt: skip
+        local = {
+            t.name.rsplit("-", 1)[0]: t.state.name
+            for t in client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [iteration_run]}))
+        }
     # here the mapped steps only found the record their flow run wrote; the others ran here
-    assert {step: local[step] for step in STEPS} == {step: "Cached" if step in PLACED else "Completed" for step in STEPS}
+    assert {step: local[step] for step in STEPS} == {
+        step: "Cached" if step in PLACED else "Completed" for step in STEPS
+    }
     steps_line = (layout.iter_dir(0) / "summary.md").read_text()
     assert "rollout (Completed on rlanything-step/inference)" in steps_line
     assert "policy_update (Completed on rlanything-step/training)" in steps_line

@@ -10,17 +10,24 @@ from rlanything.models.loading import load_model
 from rlanything.models.task_adaptation import first_valid
 
 ENV = build_config({}).env
-SPEC = {"dataset": "basic_arithmetic", "seed": 5,
-        "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}  # fmt: skip
+SPEC = {
+    "dataset": "basic_arithmetic",
+    "seed": 5,
+    "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+}
 
 
 def frames():
     outcomes = pd.DataFrame({"traj_id": [0, 1, 2], "outcome": [-1, -1, 1], "valid": [True, True, True]})
-    judgments = pd.DataFrame({
-        "traj_id": [0, 0, 1, 1, 2, 2], "step_idx": [0] * 6, "judge_idx": [0, 1] * 3,
-        "step_score": [-1, -1, -1, 1, -1, -1],
-        "reasoning": ["wrong sum \\boxed{-1}", "no box \\boxed{-1}", "bad", "ok", "x", "y"],
-    })  # fmt: skip
+    judgments = pd.DataFrame(
+        {
+            "traj_id": [0, 0, 1, 1, 2, 2],
+            "step_idx": [0] * 6,
+            "judge_idx": [0, 1] * 3,
+            "step_score": [-1, -1, -1, 1, -1, -1],
+            "reasoning": ["wrong sum \\boxed{-1}", "no box \\boxed{-1}", "bad", "ok", "x", "y"],
+        }
+    )
     steps = pd.DataFrame({"traj_id": [0, 1, 2], "step_idx": [0, 0, 0], "response": ["I say \\boxed{7}", "8", "9"]})
     return outcomes, judgments, steps
 
@@ -28,8 +35,14 @@ def frames():
 def test_failed_steps_are_those_every_judgment_rejected_in_failed_trajectories():
     items = failed_steps(*frames(), limit=5)
     # traj 0: failed, both −1 -> kept; traj 1: one +1 -> not; traj 2: succeeded -> not
-    assert items == [{"traj_id": 0, "step_idx": 0, "response": "I say \\boxed{7}",
-                      "reasons": ["wrong sum \\boxed{-1}", "no box \\boxed{-1}"]}]  # fmt: skip
+    assert items == [
+        {
+            "traj_id": 0,
+            "step_idx": 0,
+            "response": "I say \\boxed{7}",
+            "reasons": ["wrong sum \\boxed{-1}", "no box \\boxed{-1}"],
+        }
+    ]
     summary = extractive_summary(items)
     assert summary == "- step 1: the agent wrote «I say \\boxed{7}»; the judge said: wrong sum \\boxed{-1}"
     assert "No step" in extractive_summary([])
@@ -59,8 +72,13 @@ def test_rule_rewriter_goes_through_the_same_validation():
 def test_model_rewriter_answers_every_attempt(tiny_model_path, tiny_tokenizer):
     engine = TransformersEngine(load_model(tiny_model_path), tiny_tokenizer)
     rewriter = ModelRewriter(engine, tiny_tokenizer, max_new_tokens=8, temperature=0.7)
-    request = {"task": "Calculate 1 + 2.", "spec": SPEC, "direction": "harder", "critic_summary": "fine",
-               "instructions": ReasoningGymEnv.rewrite_instructions(SPEC, "harder")}  # fmt: skip
+    request = {
+        "task": "Calculate 1 + 2.",
+        "spec": SPEC,
+        "direction": "harder",
+        "critic_summary": "fine",
+        "instructions": ReasoningGymEnv.rewrite_instructions(SPEC, "harder"),
+    }
     answers = rewriter.propose([request, request], attempts=3, seed=1)
     assert [len(a) for a in answers] == [3, 3] and all(isinstance(t, str) for a in answers for t in a)
     new, _, errors = first_valid(ReasoningGymEnv, ENV, SPEC, answers[0])  # a random model writes no JSON

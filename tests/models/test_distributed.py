@@ -20,15 +20,29 @@ REPO = Path(__file__).resolve().parents[2]
 def samples(tiny_model_path, tiny_tokenizer):
     model = load_model(tiny_model_path)
     prompts = [render(tiny_tokenizer, policy_messages("sys", [f"Calculate {i} - 1."], []))[1] for i in range(6)]
-    gens = TransformersEngine(model, tiny_tokenizer).generate(prompts, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=1)
+    gens = TransformersEngine(model, tiny_tokenizer).generate(
+        prompts, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=1
+    )
     advantages = [1.0, -1.0, 0.5, -0.5, 1.0, -1.0]
     return [Sample(p + g.token_ids, len(g.token_ids), g.logprobs, a) for p, g, a in zip(prompts, gens, advantages)]
 
 
 def job(start, out, lora=False, **kw):
-    args = dict(start=str(start), out=str(out), dtype="float32", lora=LoraConfig(enabled=lora, r=4).model_dump(),
-                lr=1e-3, weight_decay=0.0, grad_clip=1.0, updates=2, micro_batch_size=2, temperature=1.0,
-                clip_eps=0.2, kl_beta=0.01, seed=0)  # fmt: skip
+    args = dict(
+        start=str(start),
+        out=str(out),
+        dtype="float32",
+        lora=LoraConfig(enabled=lora, r=4).model_dump(),
+        lr=1e-3,
+        weight_decay=0.0,
+        grad_clip=1.0,
+        updates=2,
+        micro_batch_size=2,
+        temperature=1.0,
+        clip_eps=0.2,
+        kl_beta=0.01,
+        seed=0,
+    )
     return UpdateJob(**{**args, **kw})
 
 
@@ -75,7 +89,9 @@ def test_train_config():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (pip install '.[deepspeed]')")
+@pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (pip install '.[deepspeed]')"
+)
 def test_deepspeed_zero2_on_two_cpu_processes_equals_torch(tiny_model_path, samples, tmp_path):
     """`accelerate launch` of 2 gloo processes under ZeRO-2: each trains on half of every
     mini-batch; the all-reduced update equals the one-process update, and the ZeRO AdamW state

@@ -88,15 +88,18 @@ def test_repeated_prompts_share_one_prefill_and_sample_as_before(engine, tiny_to
     batch = [ps[0], ps[1], ps[0], ps[0], ps[1], ps[1]]  # sorted by length into batches of 3
     separate = Separate(engine.model, tiny_tokenizer, batch_size=3)
     shapes = []
-    hook = engine.model.register_forward_pre_hook(lambda m, args, kw: shapes.append(tuple(kw["input_ids"].shape)),
-                                                  with_kwargs=True)  # fmt: skip
+    hook = engine.model.register_forward_pre_hook(
+        lambda m, args, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
     try:
         shared = engine.generate(batch, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=4)
     finally:
         hook.remove()
     width = max(map(len, ps))
     prefills = [s for s in shapes if s[1] > 1]
-    assert prefills and all(s[0] < 3 and s[1] == width - 1 for s in prefills)  # distinct prompts only, all but the last token
+    assert prefills and all(
+        s[0] < 3 and s[1] == width - 1 for s in prefills
+    )  # distinct prompts only, all but the last token
     assert all(s[1] == 1 for s in shapes if s not in prefills)  # generate itself only decodes
     assert_same_samples(shared, separate.generate(batch, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=4))
     scored = engine.score(batch, [g.token_ids for g in shared], temperature=1.0)
@@ -175,4 +178,6 @@ def test_finish_cuts_after_the_first_eos_and_keeps_an_engines_own_reason(tiny_to
     assert (stopped.token_ids, stopped.logprobs, stopped.finish_reason) == ([5, 6, 7], [-0.1, -0.2, -0.3], "stop")
     assert finish([5, 6], [-0.1, -0.2], eos, tiny_tokenizer).finish_reason == "length"  # max_new_tokens
     assert finish([5, 6], [-0.1, -0.2], eos, tiny_tokenizer, reason="abort").finish_reason == "abort"  # vLLM's own
-    assert finish([5, 6], [-0.1, -0.2], eos, tiny_tokenizer).text == tiny_tokenizer.decode([5, 6], skip_special_tokens=True)
+    assert finish([5, 6], [-0.1, -0.2], eos, tiny_tokenizer).text == tiny_tokenizer.decode(
+        [5, 6], skip_special_tokens=True
+    )

@@ -14,16 +14,29 @@ POLICY = {"model": "builtin:tiny-random", "dtype": "float32", "batch_size": 32}
 
 
 def test_env_model_engine_takes_its_own_section():
-    config = build_config({"policy": POLICY, "env_model": {"dtype": "bfloat16", "batch_size": 3, "device": "cpu",
-                                                           "max_new_tokens": 12, "temperature": 0.5}})  # fmt: skip
+    config = build_config(
+        {
+            "policy": POLICY,
+            "env_model": {
+                "dtype": "bfloat16",
+                "batch_size": 3,
+                "device": "cpu",
+                "max_new_tokens": 12,
+                "temperature": 0.5,
+            },
+        }
+    )
     rewriter = env_model_rewriter(config)  # what adapt_tasks calls (through task_adaptation.rewrite)
     engine = rewriter.engine
     assert isinstance(engine, TransformersEngine)
     assert engine.model.dtype == torch.bfloat16 and engine.batch_size == 3
     assert next(engine.model.parameters()).device == torch.device("cpu")
     assert rewriter.kw == {"max_new_tokens": 12, "temperature": 0.5, "top_p": 1.0}
-    texts = rewriter.propose([{"task": "1 + 1", "instructions": "Make it harder.", "direction": "harder",
-                               "critic_summary": "none"}], 2, seed=0)  # fmt: skip
+    texts = rewriter.propose(
+        [{"task": "1 + 1", "instructions": "Make it harder.", "direction": "harder", "critic_summary": "none"}],
+        2,
+        seed=0,
+    )
     assert len(texts) == 1 and len(texts[0]) == 2  # it generates, in bfloat16, on the CPU
 
 
@@ -47,6 +60,7 @@ def test_env_model_goes_to_the_configured_gpu():
     config = build_config({"policy": {**POLICY, "device": "cpu"}, "env_model": {"device": last}})
     engine = env_model_rewriter(config).engine
     assert next(engine.model.parameters()).device == torch.device(last)
-    texts = env_model_rewriter(config).propose([{"task": "1 + 1", "instructions": "Harder.", "direction": "harder",
-                                                 "critic_summary": "none"}], 1, seed=0)  # fmt: skip
+    texts = env_model_rewriter(config).propose(
+        [{"task": "1 + 1", "instructions": "Harder.", "direction": "harder", "critic_summary": "none"}], 1, seed=0
+    )
     assert len(texts[0]) == 1

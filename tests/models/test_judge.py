@@ -8,11 +8,25 @@ from rlanything.models.judge import judge_steps
 from rlanything.models.loading import load_model
 
 STEPS = [
-    {"traj_id": 0, "task_id": "s0000v00", "step_idx": 0, "task": "Calculate 2 + 2.", "history": [],
-     "response": "2 + 2 = \\boxed{4}", "observation": ""},
-    {"traj_id": 1, "task_id": "s0000v00", "step_idx": 1, "task": "Go north.",
-     "history": [("\\boxed{look}", "You see a door.")], "response": "\\boxed{open door}", "observation": "Opened."},
-]  # fmt: skip
+    {
+        "traj_id": 0,
+        "task_id": "s0000v00",
+        "step_idx": 0,
+        "task": "Calculate 2 + 2.",
+        "history": [],
+        "response": "2 + 2 = \\boxed{4}",
+        "observation": "",
+    },
+    {
+        "traj_id": 1,
+        "task_id": "s0000v00",
+        "step_idx": 1,
+        "task": "Go north.",
+        "history": [("\\boxed{look}", "You see a door.")],
+        "response": "\\boxed{open door}",
+        "observation": "Opened.",
+    },
+]
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +35,17 @@ def engine(tiny_model_path, tiny_tokenizer):
 
 
 def judge(engine, tokenizer, verdict, seed=0):
-    return judge_steps(engine, tokenizer, STEPS, judgments_per_step=3, verdict=verdict,
-                       max_new_tokens=8, temperature=0.8, top_p=1.0, seed=seed)  # fmt: skip
+    return judge_steps(
+        engine,
+        tokenizer,
+        STEPS,
+        judgments_per_step=3,
+        verdict=verdict,
+        max_new_tokens=8,
+        temperature=0.8,
+        top_p=1.0,
+        seed=seed,
+    )
 
 
 def test_constrained_verdicts_always_parse_and_are_trainable_tokens(engine, tiny_tokenizer):
@@ -31,10 +54,10 @@ def test_constrained_verdicts_always_parse_and_are_trainable_tokens(engine, tiny
     assert [(r["traj_id"], r["judge_idx"]) for r in rows] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     for r in rows:
         assert r["parsed"] and r["step_score"] in (-1, 1) and r["verdict_mode"] == "constrained"
-        assert r["reasoning"].endswith("\\boxed{%d}" % r["step_score"])
-        assert tiny_tokenizer.decode(r["response_ids"]).endswith("\\boxed{%d}" % r["step_score"])
+        assert r["reasoning"].endswith(f"\\boxed{{{r['step_score']}}}")
+        assert tiny_tokenizer.decode(r["response_ids"]).endswith(f"\\boxed{{{r['step_score']}}}")
         assert len(r["logprobs"]) == len(r["response_ids"]) and all(lp <= 0 for lp in r["logprobs"])
-        assert "Step to judge (step %d)" % (r["step_idx"] + 1) in r["prompt"]
+        assert f"Step to judge (step {r['step_idx'] + 1})" in r["prompt"]
     # the verdict's log-probs are the model's own: a teacher-forced pass reproduces them
     for r in rows[:2]:
         scored = engine.score([r["prompt_ids"]], [r["response_ids"]], temperature=0.8)[0]
@@ -66,7 +89,13 @@ def test_constrained_verdicts_reuse_the_reasoning_kv_within_the_budget(engine, t
     """The verdict is scored after prompt + reasoning: with the KV kept from generation only
     the verdict tokens run again; without it (budget 0) everything runs; same verdicts either way."""
     config = engine.model.config
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
+    per_token = (
+        2
+        * config.num_hidden_layers
+        * config.num_key_value_heads
+        * (config.hidden_size // config.num_attention_heads)
+        * 4
+    )
     partial = per_token * 2.5 * 150  # judge prompts + reasoning: ~110-160 tokens -> about 2 of 6 rows kept
     runs = {}
     for budget in (float("inf"), 0, partial):
@@ -79,7 +108,9 @@ def test_constrained_verdicts_reuse_the_reasoning_kv_within_the_budget(engine, t
     assert scoring <= 1 + verdict_tokens  # the last prompt/reasoning token + the verdict
     assert runs[0][1] > 40  # the whole judge prompt again
     for other, _ in (runs[0], runs[partial]):  # a few rows kept, the others run again
-        assert [(r["step_score"], r["response_ids"]) for r in other] == [(r["step_score"], r["response_ids"]) for r in rows]
+        assert [(r["step_score"], r["response_ids"]) for r in other] == [
+            (r["step_score"], r["response_ids"]) for r in rows
+        ]
         for a, b in zip(other, rows):
             assert a["logprobs"] == pytest.approx(b["logprobs"], abs=1e-5)
 
@@ -87,7 +118,13 @@ def test_constrained_verdicts_reuse_the_reasoning_kv_within_the_budget(engine, t
 def test_the_engine_keeps_rows_up_to_its_byte_budget(engine, tiny_tokenizer):
     prompts = [[1, 2, 3] + [10 + k] * (20 + k) for k in range(6)]
     config = engine.model.config
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
+    per_token = (
+        2
+        * config.num_hidden_layers
+        * config.num_key_value_heads
+        * (config.hidden_size // config.num_attention_heads)
+        * 4
+    )
     for budget, kept in ((float("inf"), 6), (per_token * 60, 2), (per_token * 10, 0), (0, 0)):
         cache = PrefixCache()
         limited = TransformersEngine(engine.model, tiny_tokenizer, batch_size=4, keep_bytes=budget)

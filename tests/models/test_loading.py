@@ -74,9 +74,7 @@ def test_tokenizer_dir_template_pad_roundtrip(isolated_cache):
     assert tok.chat_template and len(tok) == 49152
     text = "Hello, world! 12 + 7 = 19. Ünïcödé ✓"
     assert tok.decode(tok(text).input_ids) == text
-    prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
-    )
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert "<|im_start|>user\nhi<|im_end|>" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
 
@@ -190,9 +188,11 @@ def test_smollm2_converts_loads_and_chats():
     assert abs(n_params - 134.5e6) < 0.1e6
     enc = tok.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],
-        add_generation_prompt=True, return_tensors="pt", return_dict=True,
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
     )
     out = model.generate(**enc, max_new_tokens=24, do_sample=False)
-    answer = tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    answer = tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
     assert answer
     assert "Paris" in answer

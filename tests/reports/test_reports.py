@@ -28,8 +28,9 @@ VIEWS = ["curves.png", "tasks.png", "iteration.png", "summary.md", "samples.md"]
 
 
 def test_pick_trajectories_prefers_successes_then_one_per_task():
-    outcomes = pd.DataFrame({"traj_id": [0, 1, 2, 3, 4, 5], "task_id": ["a", "a", "b", "b", "c", "c"],
-                             "outcome": [-1, 1, -1, -1, -1, 1]})  # fmt: skip
+    outcomes = pd.DataFrame(
+        {"traj_id": [0, 1, 2, 3, 4, 5], "task_id": ["a", "a", "b", "b", "c", "c"], "outcome": [-1, 1, -1, -1, -1, 1]}
+    )
     assert pick_trajectories(outcomes, 3) == [1, 5, 2]
     assert pick_trajectories(outcomes, 5) == [1, 5, 2, 0, 4]
     assert pick_trajectories(outcomes.iloc[:0], 3) == []
@@ -38,13 +39,22 @@ def test_pick_trajectories_prefers_successes_then_one_per_task():
 def test_slot_accuracy_and_accepted_counts_by_hand(tmp_path):
     # slot 0 is too easy at iteration 0, its harder v1 is accepted at iteration 1 and active at 2;
     # slot 1's easier rewrite is rejected at iteration 1; nothing is judged at iteration 2
-    rows = [(0, 0, 0, "regular", 1.0, "proposed"), (0, 1, 0, "regular", 0.0, "proposed"),
-            (1, 0, 0, "regular", 0.875, "slot_busy"), (1, 1, 0, "regular", 0.125, "slot_busy"),
-            (1, 0, 1, "pending", 0.5, "accepted"), (1, 1, 1, "pending", 0.0, "rejected"),
-            (2, 0, 1, "regular", 0.5, "in_band"), (2, 1, 0, "regular", 0.25, "in_band")]  # fmt: skip
+    rows = [
+        (0, 0, 0, "regular", 1.0, "proposed"),
+        (0, 1, 0, "regular", 0.0, "proposed"),
+        (1, 0, 0, "regular", 0.875, "slot_busy"),
+        (1, 1, 0, "regular", 0.125, "slot_busy"),
+        (1, 0, 1, "pending", 0.5, "accepted"),
+        (1, 1, 1, "pending", 0.0, "rejected"),
+        (2, 0, 1, "regular", 0.5, "in_band"),
+        (2, 1, 0, "regular", 0.25, "in_band"),
+    ]
     history = pd.DataFrame(rows, columns=["iteration", "slot", "version", "role", "accuracy", "decision"])
     accuracy = slot_accuracy(history)
-    assert accuracy.to_dict() == {0: {0: 1.0, 1: 0.875, 2: 0.5}, 1: {0: 0.0, 1: 0.125, 2: 0.25}}  # pending rows left out
+    assert accuracy.to_dict() == {
+        0: {0: 1.0, 1: 0.875, 2: 0.5},
+        1: {0: 0.0, 1: 0.125, 2: 0.25},
+    }  # pending rows left out
     counts = accepted_counts(history)
     assert counts.to_dict("list") == {"accepted": [0, 1, 0], "rejected": [0, 1, 0], "accepted_total": [0, 1, 1]}
     assert list(counts.index) == [0, 1, 2]
@@ -66,7 +76,9 @@ def test_every_iteration_has_plots_markdown_and_samples_in_the_folder_and_in_mlf
         assert set(VIEWS) <= logged, logged
         written = {p.name for p in folder.iterdir()}
         assert {*VIEWS, "summary.json", "DONE"} <= written and not [n for n in written if n.endswith(".tmp")]  # atomic
-    assert {"curves.png", "tasks.png"} <= {a.path for a in client.list_artifacts(small_run["mlflow_run_id"])}  # latest, up front
+    assert {"curves.png", "tasks.png"} <= {
+        a.path for a in client.list_artifacts(small_run["mlflow_run_id"])
+    }  # latest, up front
     adaptation = adaptation_history(layout, 1)
     assert list(slot_accuracy(adaptation).index) == [0, 1]
     assert slot_accuracy(adaptation).shape[1] == adaptation[adaptation.iteration == 0].slot.nunique()
@@ -75,8 +87,15 @@ def test_every_iteration_has_plots_markdown_and_samples_in_the_folder_and_in_mlf
     assert list(history.index) == [0, 1] and {"accuracy", "rm/agreement", "policy/kl", "adapt/accepted"} <= set(history)
     summary = (layout.iter_dir(1) / "summary.md").read_text()
     assert "| accuracy |" in summary and "rollout (Completed)" in summary and "## Task adaptation" in summary
-    assert summary == summary_markdown(layout, 1, history, {s: "Completed" for s in ("rollout", "verify", "rm_score",
-                                       "advantages", "policy_update", "rm_update", "adapt_tasks")})  # fmt: skip
+    assert summary == summary_markdown(
+        layout,
+        1,
+        history,
+        {
+            s: "Completed"
+            for s in ("rollout", "verify", "rm_score", "advantages", "policy_update", "rm_update", "adapt_tasks")
+        },
+    )
     samples = render_trajectories(layout, 1)
     assert samples.count("## Trajectory") == 3 and "**Judgments** (3)" in samples and "Prompt the policy saw" in samples
 
@@ -84,7 +103,9 @@ def test_every_iteration_has_plots_markdown_and_samples_in_the_folder_and_in_mlf
 def test_the_inspection_notebook_runs_against_a_tiny_run(small_run, monkeypatch):
     monkeypatch.setenv("RLANYTHING_RUN_DIR", small_run["run_dir"])
     notebook = nbformat.read(REPO / "notebooks" / "inspect_run.ipynb", as_version=4)
-    NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
+    NotebookClient(
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(REPO / "notebooks")}}
+    ).execute()
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 4  # the plots were drawn inline

@@ -17,7 +17,12 @@ def test_add_pending_records_lineage():
     buffer, new_id = buffer_with_pending("harder", 0.9)
     assert new_id == "s0000v01"
     row = buffer[buffer.task_id == new_id].iloc[0]
-    assert (row.parent_id, row.status, row.direction, row.critic_summary) == ("s0000v00", "pending", "harder", "critic says")
+    assert (row.parent_id, row.status, row.direction, row.critic_summary) == (
+        "s0000v00",
+        "pending",
+        "harder",
+        "critic says",
+    )
     assert (row.parent_accuracy, row.created_iter, json.loads(row.spec)) == (0.9, 1, {"k": 10})
     buffer, again = add_pending(buffer, "s0000v00", {"k": 11}, "harder", "", 0.9, iteration=1)
     assert again == "s0000v02"  # versions count per slot, rejected ones included

@@ -140,10 +140,15 @@ def test_prune_keeps_the_newest_weights_and_only_the_newest_optimizer_state(tmp_
     assert pruned.bytes_on_disk == folder_bytes(layout.run_dir / "checkpoints")
     log = [json.loads(line) for line in (layout.run_dir / "checkpoints" / "pruned.jsonl").read_text().splitlines()]
     assert {r["removed"] for r in log} == {
-        "checkpoints/policy/iter_0000", "checkpoints/policy/iter_0001", "checkpoints/policy/iter_0002/optimizer.pt",
-        "checkpoints/policy/.iter_0003.tmp-x1", "checkpoints/rm/iter_0000", "checkpoints/rm/iter_0001",
-        "checkpoints/rm/iter_0002/optimizer.pt", "checkpoints/rm/iter_0002/deepspeed_state",
-    }  # fmt: skip
+        "checkpoints/policy/iter_0000",
+        "checkpoints/policy/iter_0001",
+        "checkpoints/policy/iter_0002/optimizer.pt",
+        "checkpoints/policy/.iter_0003.tmp-x1",
+        "checkpoints/rm/iter_0000",
+        "checkpoints/rm/iter_0001",
+        "checkpoints/rm/iter_0002/optimizer.pt",
+        "checkpoints/rm/iter_0002/deepspeed_state",
+    }
     assert all(r["after_iteration"] == 3 and r["keep"] == 2 for r in log)
     assert prune(layout, 2, 3).removed == []  # idempotent
     with pytest.raises(ValueError, match="at least 1"):

@@ -12,10 +12,13 @@ def frames():
     outcomes = pd.DataFrame({"traj_id": [0, 1, 2], "task_id": ["a", "a", "b"], "outcome": [1, -1, -1]})
     keys = [(0, 0), (0, 1), (1, 0), (2, 0)]
     scores = [[1, 1], [1, -1], [-1, 0], [1, 1]]  # m = 2; 0 = unparseable
-    judgments = pd.DataFrame([
-        {"traj_id": t, "step_idx": s, "judge_idx": j, "step_score": sc, "parsed": sc != 0}
-        for (t, s), row in zip(keys, scores) for j, sc in enumerate(row)
-    ])  # fmt: skip
+    judgments = pd.DataFrame(
+        [
+            {"traj_id": t, "step_idx": s, "judge_idx": j, "step_score": sc, "parsed": sc != 0}
+            for (t, s), row in zip(keys, scores)
+            for j, sc in enumerate(row)
+        ]
+    )
     return outcomes, judgments.sample(frac=1, random_state=0)  # order must not matter
 
 
@@ -35,12 +38,28 @@ def test_policy_and_rm_samples_by_hand():
 
     rm = out[out.kind == "rm"].set_index(["traj_id", "step_idx", "judge_idx"])
     # R·S_j, −2 when unparseable: (0,0) [2, 2] std 0 -> skipped; (0,1) [1, -1]; (1,0) [1.5, -2]
-    assert rm.reward.to_dict() == {(0, 0, 0): 2.0, (0, 0, 1): 2.0, (0, 1, 0): 1.0, (0, 1, 1): -1.0,
-                                   (1, 0, 0): 1.5, (1, 0, 1): -2.0, (2, 0, 0): 0.0, (2, 0, 1): 0.0}  # fmt: skip
+    assert rm.reward.to_dict() == {
+        (0, 0, 0): 2.0,
+        (0, 0, 1): 2.0,
+        (0, 1, 0): 1.0,
+        (0, 1, 1): -1.0,
+        (1, 0, 0): 1.5,
+        (1, 0, 1): -2.0,
+        (2, 0, 0): 0.0,
+        (2, 0, 1): 0.0,
+    }
     assert rm.advantage[(0, 1, 0)] == pytest.approx(0.70711, abs=1e-4)
     assert rm.advantage[(1, 0, 1)] == pytest.approx(-0.70711, abs=1e-4)
-    assert rm.kept.to_dict() == {(0, 0, 0): False, (0, 0, 1): False, (0, 1, 0): True, (0, 1, 1): True,
-                                 (1, 0, 0): True, (1, 0, 1): True, (2, 0, 0): False, (2, 0, 1): False}  # fmt: skip
+    assert rm.kept.to_dict() == {
+        (0, 0, 0): False,
+        (0, 0, 1): False,
+        (0, 1, 0): True,
+        (0, 1, 1): True,
+        (1, 0, 0): True,
+        (1, 0, 1): True,
+        (2, 0, 0): False,
+        (2, 0, 1): False,
+    }
     assert rm.drop_reason[(0, 0, 0)] == "zero_std" and rm.drop_reason[(2, 0, 0)] == "out_of_band"
 
 
@@ -52,10 +71,14 @@ def test_lambda_zero_is_the_outcome_only_baseline():
 
 
 def test_multi_turn_samples_mask_only_the_step_tokens():
-    rows = pd.DataFrame({
-        "prompt_ids": [[1, 2, 3], [1, 2, 3, 7, 8, 4, 5]],  # step 2's context holds step 1's response
-        "response_ids": [[7, 8], [9]], "logprobs": [[-0.1, -0.2], [-0.3]], "advantage": [1.5, -0.5],
-    })  # fmt: skip
+    rows = pd.DataFrame(
+        {
+            "prompt_ids": [[1, 2, 3], [1, 2, 3, 7, 8, 4, 5]],  # step 2's context holds step 1's response
+            "response_ids": [[7, 8], [9]],
+            "logprobs": [[-0.1, -0.2], [-0.3]],
+            "advantage": [1.5, -0.5],
+        }
+    )
     first, second = to_samples(rows)
     assert first.input_ids == [1, 2, 3, 7, 8] and first.response_len == 2 and first.old_logprobs == [-0.1, -0.2]
     assert second.input_ids == [1, 2, 3, 7, 8, 4, 5, 9] and second.response_len == 1 and second.advantage == -0.5
