@@ -36,6 +36,8 @@ def _fail(message: str, code: int = EXIT_USAGE) -> None:
 
 
 def _summary(result: dict) -> None:
+    from rlanything.storage import tracking
+
     table = Table(title="rlanything: run finished", show_header=False)
     table.add_row("artifacts", result["run_dir"])
     table.add_row("iterations", str(result["iterations"]))
@@ -47,6 +49,7 @@ def _summary(result: dict) -> None:
     console.print(table)
     console.print(
         f"Open the MLflow UI:  mlflow ui --backend-store-uri {result['mlflow_uri']} --host 127.0.0.1 --port 5000\n"
+        f"then this run:       {tracking.ui_link('http://127.0.0.1:5000', result['mlflow_uri'], result['mlflow_run_id'])}\n"
         f"Resume or extend:    rlanything resume {result['run_dir']} --iterations N"
     )
 
@@ -312,6 +315,7 @@ def server_start(
 ) -> None:
     """Start the Prefect server and the MLflow UI in the background; return once both answer."""
     from rlanything.flows import servers
+    from rlanything.storage import tracking
 
     try:
         with console.status("starting the Prefect server and the MLflow UI (~15-30 s on a fresh database)"):
@@ -321,7 +325,7 @@ def server_start(
     except servers.ServerError as err:
         _fail(str(err), EXIT_FAILED)
     console.print(f"Prefect UI  {state['prefect']['url']}   (pid {state['prefect']['pid']})")
-    console.print(f"MLflow UI   {state['mlflow']['url']}   (pid {state['mlflow']['pid']})")
+    console.print(f"MLflow UI   {tracking.ui_link(state['mlflow']['url'])}   (pid {state['mlflow']['pid']})")
     console.print(
         f"Train with the UI watching:  export PREFECT_API_URL={state['prefect']['url']}/api\n"
         f"Deploy the training flow:    rlanything serve --root {root} -c configs/tiny.yaml\n"

@@ -18,10 +18,26 @@ from mlflow.tracking import MlflowClient
 RUN_TAG = "rlanything.run_dir"
 
 
-# MLflow 3's UI opens an experiment without a kind in its GenAI view ("Evaluations"); this tag
-# makes it open the model-training view (runs, metrics charts, artifacts).
+# MLflow 3's UI has two views: GenAI ("Evaluations", traces) and model training (runs, metric
+# charts, artifacts). Experiments carry the kind tag its UI reads, and every link we print names
+# the view: MLflow 3.17's UI picks it from the link's `workflowType` (or the last one the browser
+# chose) and opens GenAI otherwise, whatever the tag says (seen in a browser, November 2026).
 EXPERIMENT_KIND = "mlflow.experimentKind"
 KIND_TAG = {EXPERIMENT_KIND: "custom_model_development"}
+UI_VIEW = "workflowType=machine_learning"
+
+
+def ui_link(base: str, uri: str | None = None, run_id: str | None = None) -> str:
+    """A link into the MLflow UI at `base` that opens the model-training view: the run's page when
+    `run_id` is given (its experiment read from the store at `uri`), else the experiments list.
+
+    >>> ui_link("http://127.0.0.1:5000")
+    'http://127.0.0.1:5000/#/experiments?workflowType=machine_learning'
+    """
+    if run_id is None:
+        return f"{base}/#/experiments?{UI_VIEW}"
+    experiment_id = client(uri).get_run(run_id).info.experiment_id
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{UI_VIEW}"
 
 
 def client(uri: str) -> MlflowClient:
