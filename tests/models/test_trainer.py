@@ -5,9 +5,9 @@ import torch
 
 from rlanything.algo.losses import ppo_clip_loss
 from rlanything.models.engine import TransformersEngine, response_logprobs
-from rlanything.models.loading import load_model, save_model
+from rlanything.models.loading import load_model
 from rlanything.models.prompts import policy_messages, render
-from rlanything.models.trainer import Sample, make_optimizer, ppo_update
+from rlanything.models.trainer import OPTIMIZER_STATE, Sample, make_optimizer, ppo_update, save_checkpoint
 
 
 def batch(model_path, tokenizer):
@@ -126,12 +126,11 @@ def test_checkpoint_round_trips_weights_and_optimizer(tiny_model_path, tiny_toke
         micro_batch_size=4,
         seed=0,
     )
-    save_model(model, tiny_tokenizer, tmp_path / "ckpt")
-    torch.save(optimizer.state_dict(), tmp_path / "ckpt" / "optimizer.pt")
+    save_checkpoint(model, tiny_tokenizer, optimizer, tmp_path / "ckpt")  # what the update step writes
     again = load_model(tmp_path / "ckpt")
     for (name, a), b in zip(model.state_dict().items(), again.state_dict().values()):
         assert torch.equal(a, b), name
-    resumed = make_optimizer(again, lr=1e-3, weight_decay=0.0, state_path=tmp_path / "ckpt" / "optimizer.pt")
+    resumed = make_optimizer(again, lr=1e-3, weight_decay=0.0, state_path=tmp_path / "ckpt" / OPTIMIZER_STATE)
     state = next(iter(resumed.state.values()))
     assert int(state["step"]) == 1 and state["exp_avg"].abs().sum() > 0
 
