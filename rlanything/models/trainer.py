@@ -3,7 +3,8 @@
 The samples are shuffled (seeded) and split into `updates` mini-batches, one optimizer step
 each; every mini-batch is processed in micro-batches whose losses are weighted by their share
 of the mini-batch, so the gradient equals the mini-batch's mean over sequences whatever the
-micro-batch size. The ratio and the k3 KL are both taken against the log-probs recorded by the
+micro-batch size. Within a mini-batch, samples are ordered by prompt so those sharing one land
+in the same micro-batch, whose forward runs each shared prefix once (`models.packing`). The ratio and the k3 KL are both taken against the log-probs recorded by the
 engine that generated the samples (the pre-update model).
 
 Where the arithmetic runs is a small seam, `TrainBackend`: `TorchBackend` (one process, plain
@@ -26,7 +27,7 @@ from typing import Protocol
 import torch
 
 from rlanything.algo.losses import ppo_clip_loss
-from rlanything.models.engine import response_logprobs
+from rlanything.models.packing import packed_response_logprobs
 
 
 @dataclass
@@ -35,6 +36,10 @@ class Sample:
     response_len: int
     old_logprobs: list[float]  # (response_len,)
     advantage: float
+
+
+def prompt_of(sample: Sample) -> list[int]:
+    return sample.input_ids[: len(sample.input_ids) - sample.response_len]
 
 
 class TrainBackend(Protocol):
@@ -152,7 +157,9 @@ def ppo_update(
     history = []
     for update_idx, mini in enumerate(minibatches):
         optimizer.zero_grad(set_to_none=True)
-        mine = mini[backend.rank :: world]
+        # samples that share a prompt go into the same micro-batch, where their prompt runs once
+        # (models.packing); the mini-batch's gradient is the same sum in any order
+        mine = sorted(mini[backend.rank :: world], key=lambda i: prompt_of(samples[i]))
         share = 1.0 / len(mini)  # each sample's weight in the mini-batch mean
         if not mine:  # fewer samples than processes: still join the all-reduce, with weight 0
             mine, share = mini[:1], 0.0
@@ -163,7 +170,8 @@ def ppo_update(
             weight = len(micro) * share
             lens = [s.response_len for s in micro]
             with backend.accumulate(model, sync=start + micro_batch_size >= len(mine)):
-                logprobs, mask = response_logprobs(model, [s.input_ids for s in micro], lens, pad_id, temperature)
+                seqs = [s.input_ids for s in micro]
+                logprobs, mask = packed_response_logprobs(model, seqs, lens, pad_id, temperature)
                 old = torch.zeros_like(logprobs)
                 for row, s in enumerate(micro):  # right-align each response, as response_logprobs does
                     old[row, old.shape[1] - s.response_len :] = torch.tensor(s.old_logprobs)
