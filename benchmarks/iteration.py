@@ -1,6 +1,6 @@
 """Orchestration overhead of training iterations, and peak memory of a SmolLM2 iteration.
 
-    python benchmarks/iteration.py [--model tiny|smollm2|both] [--iterations 3] [--set KEY=VALUE ...]
+    python benchmarks/iteration.py [--model tiny|smollm2|shipped|both] [--iterations 3] [--set KEY=VALUE ...]
 
 Runs `rlanything train` for `iterations` iterations in a subprocess (fresh run folder and
 Prefect home under a temporary directory, ephemeral Prefect server, SQLite MLflow), then reads
@@ -16,7 +16,10 @@ each iteration's summary.json and the time its DONE marker was written. Printed:
   peak RSS    the largest resident set of the training process (getrusage of the child)
 `tiny` uses configs/tiny.yaml (3M-parameter models: almost all overhead); `smollm2` uses
 configs/smollm2-arith.yaml shrunk to 2 tasks × 4 rollouts (the memory of a real iteration:
-policy, RM and environment model are loaded one step at a time).
+policy, RM and environment model are loaded one step at a time). `shipped` runs
+configs/smollm2-arith.yaml exactly as shipped (8 problems × 8 rollouts, m = 3, held-out eval
+every 2 iterations: its time falls outside the DONE-to-DONE period) and prints each step's share
+of the last iteration: the figure a user of the small-model run sees.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ RUNS = {
             "rm.max_new_tokens=32",
         ],
     ),
+    "shipped": ("configs/smollm2-arith.yaml", []),
 }
 
 
@@ -89,15 +93,29 @@ def run_once(name: str, root: Path, iterations: int, extra: list[str]) -> dict:
     return {"wall": wall, "steps": steps, "done": done, "peak_mb": max(peak_kb, before) / 1024}
 
 
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["tiny", "smollm2", "both"], default="both")
+    parser.add_argument("--model", choices=["tiny", "smollm2", "shipped", "both"], default="both")
     parser.add_argument("--iterations", type=int, default=3, help="≥ 2: the first pays the start-up")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="more config overrides (e.g. rm.kv_reuse_gb=0)"
     )
     args = parser.parse_args()
     names = ["tiny", "smollm2"] if args.model == "both" else [args.model]
+    print(f"== CPU: {cpu_model()}, {os.cpu_count()} cores, {torch_threads()} torch threads")
     print(
         f"== {args.iterations} training iterations through `rlanything train` (subprocess); "
         "shared machine: read the RATIOS"
@@ -114,6 +132,10 @@ def main() -> None:
         print(
             f"   {'':8s} start-up {done[0] - totals[0]:5.1f} s (once per process) | peak RSS {result['peak_mb']:.0f} MB"
         )
+        if name == "shipped" and len(done) > 1:
+            period = done[-1] - done[-2]
+            shares = ", ".join(f"{k} {v:.1f} s ({v / period:.0%})" for k, v in result["steps"][-1].items())
+            print(f"   {'':8s} last iteration {period:5.1f} s DONE to DONE: {shares}")
         if len(done) > 1:
             period = (done[-1] - done[0]) / (len(done) - 1)
             overhead = period - sum(totals[1:]) / (len(totals) - 1)

@@ -71,12 +71,14 @@ def small_run(prefect_server, tmp_path_factory, small_overrides) -> dict:
 @contextmanager
 def _tokens_fed(model):
     """-> list of (rows, non-pad tokens) of every forward of `model` inside the block: what an
-    engine really ran (a decode step feeds one token per row, a prefill its prompts)."""
+    engine really ran (a decode step feeds one token per row, a prefill its prompts). A forward
+    over prefix trees (a 4D mask, models.packing) counts every column: the trees' nodes."""
     fed = []
 
     def count(module, args, kwargs):
         ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
-        fed.append((ids.shape[0], ids.numel() if mask is None else int(mask[:, -ids.shape[1] :].sum())))
+        real = ids.numel() if mask is None or mask.dim() == 4 else int(mask[:, -ids.shape[1] :].sum())
+        fed.append((ids.shape[0], real))
 
     hook = model.register_forward_pre_hook(count, with_kwargs=True)
     try:

@@ -19,6 +19,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessor, Logits
 from transformers.cache_utils import DynamicLayer
 
 from rlanything.algo.losses import token_logprobs
+from rlanything.models.packing import PrefixTree, pack, packed_response_logprobs, tree_inputs
 
 
 @dataclass
@@ -218,11 +219,17 @@ class TransformersEngine:
         kept = []  # this call's rows for the next call's prefix_cache
         for b, idx in enumerate(self._batches(prompts)):
             batch = [prompts[i] for i in idx]
+            trees, groups = pack([p[:-1] for p in batch])  # the prefill generate would run
+            tree_cost = len(trees) * max(len(t.tokens) for t in trees)
             reused = None
             if prefix_cache is not None:  # rows of the last call and of this call's earlier batches
                 source = PrefixCache(prefix_cache.rows + kept)
                 match = source.match(batch)
-                reused = self._reuse(batch, source, match)
+                # a batch fed on top of kept rows pads every row to the longest unmatched part:
+                # reuse only where that feeds fewer tokens than the tree prefill
+                rest = max(len(p) - k for p, (_, k) in zip(batch, match))
+                if len(batch) * rest < tree_cost:
+                    reused = self._reuse(batch, source, match)
                 prefix_cache.prompt_tokens += sum(map(len, batch))
                 prefix_cache.reused_tokens += sum(k for _, k in match) if reused is not None else 0
             if reused is not None:
@@ -230,7 +237,9 @@ class TransformersEngine:
             else:
                 ids, attn = left_pad(batch, self.pad_id)
                 ids, attn = ids.to(self.model.device), attn.to(self.model.device)
-                cache = self._shared_prefill(ids, attn)
+                cache = None
+                if tree_cost < len(batch) * (ids.shape[1] - 1):  # some prefix repeats
+                    cache = self._tree_prefill(trees, groups, ids.shape[1] - 1)
                 if cache is None and prefix_cache is not None:
                     cache = DynamicCache(config=self.model.config)  # ours, so its KV can be kept
             torch.manual_seed(seed + b)
@@ -310,30 +319,44 @@ class TransformersEngine:
             rows.append((row_tokens[: len(cols)], keys, values))
         return rows
 
-    def _shared_prefill(self, ids: torch.Tensor, attn: torch.Tensor) -> DynamicCache | None:
-        """KV cache of every row's prompt but its last token, computed once per distinct prompt
-        and copied to the rows that repeat it -> None when no prompt repeats.
+    def _tree_prefill(self, trees: list[PrefixTree], groups: list[list[int]], width: int) -> DynamicCache | None:
+        """KV cache of every prompt but its last token, each distinct prefix computed once, laid
+        out as left-padded rows (B, width columns): generate then feeds only the last prompt
+        token. -> None for caches with other than full-attention layers (sliding windows).
 
-        The G rollouts of a task share their first prompt and the m judgments of a step share
-        theirs, so a batch is mostly repeats: without this, generate would run the same prefill
-        G (or m) times. generate then feeds only the last prompt token on top of the cache.
-        ids, attn: (B, L) left-padded."""
-        slot: dict[tuple, int] = {}  # distinct prompt -> its index among the distinct ones
-        source = [slot.setdefault(tuple(r), len(slot)) for r in ids.tolist()]  # row -> its prompt's index
-        if len(slot) == len(source) or ids.shape[1] < 2:
-            return None
-        unique = torch.tensor([source.index(k) for k in range(len(slot))], device=ids.device)  # first rows
-        prefix_ids, prefix_attn = ids[unique, :-1], attn[unique, :-1]
-        cache = DynamicCache(config=self.model.config)
+        The G rollouts of a problem and the m judgments of a step repeat their prompt, and all
+        judge prompts share their instructions: a forward over the prompts' prefix trees
+        (`models.packing`) runs each shared token once, then each row gathers its path's KV.
+        trees, groups: `packing.pack` of the batch's prompts without their last token."""
+        ids, pos, mask = tree_inputs(trees, self.pad_id)
+        device = self.model.device
+        packed = DynamicCache(config=self.model.config)
         self.model(
-            input_ids=prefix_ids,
-            attention_mask=prefix_attn,
-            past_key_values=cache,
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=pos.to(device),
+            past_key_values=packed,
             use_cache=True,
-            position_ids=positions(prefix_attn),
             logits_to_keep=1,
         )
-        cache.reorder_cache(torch.tensor(source, device=ids.device))  # index_select: row r gets its prompt's cache
+        if not all(type(layer) is DynamicLayer for layer in packed.layers):
+            return None
+        nodes = ids.shape[1]
+        pad_node = len(trees) * nodes  # an all-zero node for the pad columns (masked)
+        index = torch.full((sum(map(len, groups)), width), pad_node, dtype=torch.long)
+        for t, (tree, group) in enumerate(zip(trees, groups)):
+            for row, path in zip(group, tree.paths):
+                if path:
+                    index[row, width - len(path) :] = torch.tensor(path) + t * nodes
+        index = index.to(device)
+        cache = DynamicCache(config=self.model.config)
+        for n, layer in enumerate(packed.layers):
+            gathered = []
+            for kv in (layer.keys, layer.values):  # (trees, heads, nodes, dim) -> (rows, heads, width, dim)
+                flat = kv.transpose(0, 1).reshape(kv.shape[1], -1, kv.shape[3])
+                flat = torch.cat([flat, flat.new_zeros(flat.shape[0], 1, flat.shape[2])], 1)
+                gathered.append(flat[:, index].transpose(0, 1).contiguous())
+            cache.update(gathered[0], gathered[1], n)
         return cache
 
     @torch.no_grad()
@@ -342,10 +365,15 @@ class TransformersEngine:
         for idx in self._batches(prompts):
             seqs = [prompts[i] + continuations[i] for i in idx]
             lens = [len(continuations[i]) for i in idx]
-            match = prefix_cache.match([prompts[i] for i in idx]) if prefix_cache is not None else []
-            reused = self._reuse(seqs, prefix_cache, match) if match else None
-            if reused is None:
-                logprobs, _ = response_logprobs(self.model, seqs, lens, self.pad_id, temperature)
+            reused = None
+            if prefix_cache is not None and prefix_cache.rows:
+                match = prefix_cache.match([prompts[i] for i in idx])
+                trees, _ = pack(seqs)
+                rest = max(len(q) - k for q, (_, k) in zip(seqs, match))
+                if len(seqs) * rest < len(trees) * max(len(t.tokens) for t in trees):
+                    reused = self._reuse(seqs, prefix_cache, match)
+            if reused is None:  # shared prefixes (the m judgments of a step, both verdicts) run once
+                logprobs, _ = packed_response_logprobs(self.model, seqs, lens, self.pad_id, temperature)
             else:  # only the prompts' unseen tokens and the continuations go through the model
                 cache, ids, attn = reused
                 logprobs = last_logprobs(self.model, ids, attn, max(lens), temperature, cache)

@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+# a row's attention costs (nodes)² per head, negligible next to its linear layers at this size
+SHORT_ROW = 1024
+
 
 @dataclass
 class PrefixTree:
@@ -74,11 +77,11 @@ class PrefixTree:
         self.square += len(seq) ** 2
 
     def fits(self, seq: list[int]) -> bool:
-        """Whether `seq` may join this row: the row's attention area (nodes²) must stay within
-        what its sequences would take in rows of their own, so packing never costs more
-        attention memory than padding (sequences that share nothing get rows of their own)."""
+        """Whether `seq` may join this row: up to SHORT_ROW nodes always, past that only while
+        the row's attention area (nodes²) stays within what its sequences would take in rows
+        of their own, so long sequences that share little keep rows of their own."""
         nodes = len(self.tokens) + self.new_nodes(seq)
-        return not self.paths or nodes**2 <= self.square + len(seq) ** 2
+        return not self.paths or nodes <= SHORT_ROW or nodes**2 <= self.square + len(seq) ** 2
 
     def ancestors(self, width: int) -> torch.Tensor:
         """-> (width, width) bool: [i, j] when node j is node i or one of its ancestors (the
@@ -95,22 +98,37 @@ class PrefixTree:
 
 
 def pack(seqs: list[list[int]]) -> tuple[list[PrefixTree], list[list[int]]]:
-    """Sequences, in the given order, into rows -> (trees, sequence indices per tree): each
-    joins the last row while it `fits`. Callers sort sequences by prompt first.
+    """Sequences into rows -> (trees, sequence indices per tree). Sequences are taken in token
+    order (so those with a common prefix are neighbours) and each joins the last row while it
+    `fits`.
 
-    >>> trees, groups = pack([[1, 2, 3], [1, 2, 4], [9, 3]])
-    >>> groups, [t.tokens for t in trees]
-    ([[0, 1], [2]], [[1, 2, 3, 4], [9, 3]])
+    >>> trees, groups = pack([[1, 2, 3], [9, 3], [1, 2, 4]])
+    >>> groups, trees[0].tokens, trees[0].parents
+    ([[0, 2, 1]], [1, 2, 3, 4, 9, 3], [-1, 0, 1, 1, -1, 4])
     """
     trees: list[PrefixTree] = [PrefixTree()]
     groups: list[list[int]] = [[]]
-    for i, seq in enumerate(seqs):
-        if not trees[-1].fits(seq):
+    for i in sorted(range(len(seqs)), key=seqs.__getitem__):
+        if not trees[-1].fits(seqs[i]):
             trees.append(PrefixTree())
             groups.append([])
-        trees[-1].add(seq)
+        trees[-1].add(seqs[i])
         groups[-1].append(i)
     return trees, groups
+
+
+def tree_inputs(trees: list[PrefixTree], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> input_ids (T, N), position_ids (T, N), attention mask (T, 1, N, N) bool for a forward
+    pass over T trees, padded to the largest's N nodes."""
+    width = max(len(t.tokens) for t in trees)
+    ids = torch.full((len(trees), width), pad_id, dtype=torch.long)
+    pos = torch.zeros_like(ids)
+    mask = torch.zeros((len(trees), 1, width, width), dtype=torch.bool)
+    for r, tree in enumerate(trees):
+        ids[r, : len(tree.tokens)] = torch.tensor(tree.tokens)
+        pos[r, : len(tree.tokens)] = torch.tensor(tree.depths)
+        mask[r, 0] = tree.ancestors(width)
+    return ids, pos, mask
 
 
 def packed_response_logprobs(
@@ -125,20 +143,13 @@ def packed_response_logprobs(
     if any(n >= len(s) for s, n in zip(seqs, response_lens)):
         raise ValueError("every sequence needs at least one prompt token before its response")
     trees, groups = pack(seqs)
-    width = max(len(t.tokens) for t in trees)
+    ids, pos, mask = tree_inputs(trees, pad_id)
     device = next(model.parameters()).device  # also for wrapped models (DDP, DeepSpeed, peft)
-    ids = torch.full((len(trees), width), pad_id, dtype=torch.long)
-    pos = torch.zeros_like(ids)
-    mask = torch.zeros((len(trees), 1, width, width), dtype=torch.bool)
     # which node predicts each response token: its parent in the sequence's path
     row_of, node_of, target = [], [], []
     seq_of, col_of = [], []
     R = max(response_lens)
     for r, (tree, group) in enumerate(zip(trees, groups)):
-        n = len(tree.tokens)
-        ids[r, :n] = torch.tensor(tree.tokens)
-        pos[r, :n] = torch.tensor(tree.depths)
-        mask[r, 0] = tree.ancestors(width)
         for i, path in zip(group, tree.paths):
             start = len(path) - response_lens[i]
             row_of += [r] * response_lens[i]
@@ -146,10 +157,10 @@ def packed_response_logprobs(
             target += seqs[i][start:]
             seq_of += [i] * response_lens[i]
             col_of += range(R - response_lens[i], R)
-    keep = torch.zeros((len(trees), width), dtype=torch.bool)
+    keep = torch.zeros(ids.shape, dtype=torch.bool)
     keep[row_of, node_of] = True
     # the kept positions come back flattened in row-major order: a node's index among them
-    index = torch.full((len(trees), width), -1, dtype=torch.long)
+    index = torch.full(ids.shape, -1, dtype=torch.long)
     index[keep] = torch.arange(int(keep.sum()))
     logits = model(
         input_ids=ids.to(device),

@@ -46,7 +46,11 @@ def job(start, out, lora=False, **kw):
     return UpdateJob(**{**args, **kw})
 
 
-def assert_same_weights(a: Path, b: Path, atol=1e-6):
+def assert_same_weights(a: Path, b: Path, atol=1e-5):
+    """Equal up to float rounding: the processes' micro-batches pack their samples into other
+    prefix trees (models.packing) than one process does, so sums run in another order, and Adam
+    (lr 1e-3 here) turns tiny gradient differences into weight differences of up to 2.2e-6
+    (measured with ZeRO-2), ~0.1% of the ~2e-3 the two steps move a weight."""
     left, right = load_model(a).state_dict(), load_model(b).state_dict()
     assert left.keys() == right.keys()
     for name in left:

@@ -77,15 +77,16 @@ def test_low_temperature_concentrates(engine, tiny_tokenizer):
 
 
 def test_repeated_prompts_share_one_prefill_and_sample_as_before(engine, tiny_tokenizer):
-    """G rollouts of a task (m judgments of a step) repeat a prompt: its prefill runs once per
-    distinct prompt, and the samples and log-probs are those of separate prefills."""
+    """G rollouts of a task (m judgments of a step) repeat a prompt and all prompts share their
+    instructions: the prefill runs each distinct prefix once (one forward over the batch's
+    prefix tree), and the samples and log-probs are those of separate prefills."""
 
     class Separate(TransformersEngine):
-        def _shared_prefill(self, ids, attn):
+        def _tree_prefill(self, trees, groups, width):
             return None
 
     ps = prompts(tiny_tokenizer, 2)
-    batch = [ps[0], ps[1], ps[0], ps[0], ps[1], ps[1]]  # sorted by length into batches of 3
+    batch = [ps[0], ps[1], ps[0], ps[0], ps[1], ps[1]]  # batches of 3: both prompts in each
     separate = Separate(engine.model, tiny_tokenizer, batch_size=3)
     shapes = []
     hook = engine.model.register_forward_pre_hook(
@@ -95,11 +96,10 @@ def test_repeated_prompts_share_one_prefill_and_sample_as_before(engine, tiny_to
         shared = engine.generate(batch, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=4)
     finally:
         hook.remove()
-    width = max(map(len, ps))
+    distinct = len({tuple(p[:k]) for p in ps for k in range(1, len(p))})  # prefixes of all but the last token
+    assert distinct < 2 * (len(ps[0]) - 1)
     prefills = [s for s in shapes if s[1] > 1]
-    assert prefills and all(
-        s[0] < 3 and s[1] == width - 1 for s in prefills
-    )  # distinct prompts only, all but the last token
+    assert prefills == [(1, distinct), (1, distinct)]  # one tree per batch, each prefix once
     assert all(s[1] == 1 for s in shapes if s not in prefills)  # generate itself only decodes
     assert_same_samples(shared, separate.generate(batch, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=4))
     scored = engine.score(batch, [g.token_ids for g in shared], temperature=1.0)
@@ -126,10 +126,17 @@ def test_a_turn_reuses_the_kv_of_the_previous_turn_and_samples_as_without(engine
         with tokens_fed(engine.model) as fed:
             kept = engine.generate(ps, seed=turn, prefix_cache=cache, **kw)
         assert cache.prompt_tokens - counted[0] == sum(map(len, ps))
-        assert sum(map(len, ps)) - len(ps) >= cache.reused_tokens - counted[1] >= sum(k for _, k in matched)
-        prefill = sum(len(p) - k for p, (_, k) in zip(ps, matched))  # the tokens not reused
+        reused = cache.reused_tokens - counted[1]
+        assert reused == 0 or sum(map(len, ps)) - len(ps) >= reused >= sum(k for _, k in matched)
+        # the engine feeds whichever costs fewer columns: the un-reused tokens on top of kept
+        # rows (padded to the longest) or the prompts' prefix tree; never a full prefill, never
+        # less than the prefixes no kept row holds
+        padded = len(ps) * max(len(p) - k for p, (_, k) in zip(ps, matched))
+        unseen = len({tuple(p[:j]) for p, (_, k) in zip(ps, matched) for j in range(k + 1, len(p) + 1)})
         fed = sum(n for _, n in fed)
-        assert prefill <= fed <= prefill + len(ps) * (kw["max_new_tokens"] - 1)  # + one per row per decode step
+        decode = len(ps) * (kw["max_new_tokens"] - 1)  # one per row per decode step
+        assert unseen <= fed <= min(padded, sum(map(len, ps))) + decode
+        assert turn == 0 or reused > 0  # this history grows by a few tokens a turn: reuse wins
         assert_same_samples(kept, engine.generate(ps, seed=turn, **kw))
         scored = engine.score(ps, [g.token_ids for g in kept], temperature=1.0)
         for s, g in zip(scored, kept):

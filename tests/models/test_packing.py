@@ -4,6 +4,7 @@ import random
 
 import torch
 
+from rlanything.models import packing
 from rlanything.models.engine import response_logprobs
 from rlanything.models.loading import load_model
 from rlanything.models.packing import PrefixTree, pack, packed_response_logprobs
@@ -38,7 +39,8 @@ def test_tree_of_hand_written_sequences():
     assert seen[6] == [0, 0, 0, 0, 0, 0, 1]  # a pad column sees only itself
 
 
-def test_rows_share_only_when_attention_stays_within_padded_rows():
+def test_long_rows_share_only_when_attention_stays_within_padded_rows(monkeypatch):
+    monkeypatch.setattr(packing, "SHORT_ROW", 4)
     # 3 sequences of 10 tokens sharing 8: 8 + 3·2 = 14 nodes, 14² = 196 ≤ 3·10² = 300: one row
     prompt = list(range(8))
     trees, groups = pack([prompt + [20, 21], prompt + [22, 23], prompt + [24, 25]])
@@ -46,6 +48,9 @@ def test_rows_share_only_when_attention_stays_within_padded_rows():
     # nothing shared: 20 nodes, 20² = 400 > 2·10² = 200: a row each, as padding would
     trees, groups = pack([list(range(10)), list(range(10, 20))])
     assert groups == [[0], [1]]
+    monkeypatch.setattr(packing, "SHORT_ROW", 20)  # short rows always share
+    trees, groups = pack([list(range(10)), list(range(10, 20))])
+    assert groups == [[0, 1]]
 
 
 def test_logprobs_and_gradients_equal_padded_rows(tiny_model_path):
