@@ -136,6 +136,8 @@ def response_logprobs(
 
     seqs: B token lists (prompt + response) -> logprobs (B, R), response_mask (B, R) with
     R = max(response_lens); row i's response occupies its last response_lens[i] columns.
+    The trainer and `score` use `packing.packed_response_logprobs` (shared prefixes once); this
+    left-padded form is the reference it is tested against.
     """
     ids, attn = left_pad(seqs, pad_id)
     device = next(model.parameters()).device  # also for wrapped models (DDP, DeepSpeed, peft)
