@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlanything.algo.losses import token_logprobs
+
 # a row's attention costs (nodes)² per head, negligible next to its linear layers at this size
 SHORT_ROW = 1024
 
@@ -168,9 +170,8 @@ def packed_response_logprobs(
         position_ids=pos.to(device),
         logits_to_keep=keep.to(device),
     ).logits  # (K, V)
-    z = logits.float() / temperature if temperature != 1.0 else logits.float()  # as algo.losses.token_logprobs
-    picked = index[row_of, node_of].to(device)
-    chosen = z[picked, torch.tensor(target, device=device)] - torch.logsumexp(z, dim=-1)[picked]
+    picked = index[row_of, node_of].to(device)  # a branching node's logits serve each of its children
+    chosen = token_logprobs(logits[picked], torch.tensor(target, device=device), temperature)
     out = torch.zeros((len(seqs), R), dtype=chosen.dtype, device=device)
     out[seq_of, col_of] = chosen
     lens = torch.tensor(response_lens, device=device)
