@@ -241,6 +241,10 @@ class ReasoningGymOptions(_Section):
     """reasoning-gym generator name."""
     dataset_config: dict[str, Any] = {}
     """Generator parameters (difficulty knobs), e.g. {max_terms: 2, max_digits: 1}."""
+    worked_example: bool = False
+    """Show the policy one solved problem of the same generator and knobs (a reserved seed,
+    never trained on or evaluated) as an earlier chat turn, its answer boxed. SmolLM2-135M boxes
+    none of 64 held-out answers without it and all 64 with it (greedy, measured)."""
 
 
 class MiniWoBOptions(_Section):
@@ -437,6 +441,28 @@ class EnvConfig(_Section):
         return model.model_validate(value)
 
 
+class RMGuardConfig(_Section):
+    """The reward-hacking alarm (algo/rm_accuracy.py): per iteration, the RM is flagged when its
+    judgments stop predicting outcomes. A flag is a warning in the log, `rm_guard/alarm` in
+    MLflow and a line in the iteration's summary.md."""
+
+    max_score_gap: float = 1.0
+    """Flag when the mean trajectory step score exceeds the mean outcome by more than this
+    (both in [-1, 1]): the RM is pleased while the verifier is not."""
+    min_outcome_accuracy: float = Field(0.5, ge=0, le=1)
+    """Flag when fewer than this fraction of trajectories get the sign of their outcome from the
+    sign of their mean step score."""
+    min_outcome_auroc: float = Field(0.6, ge=0, le=1)
+    """Flag when the AUROC of the trajectories' mean step scores for success falls below this
+    (0.5: chance). Unlike accuracy it does not reward calling every step good when most
+    episodes succeed. Not decided when only one outcome occurred."""
+    min_trajectories: int = Field(8, ge=1)
+    """Decide only from at least this many judged trajectories; fewer never flag."""
+    outcome_only_when_flagged: bool = False
+    """A flagged iteration trains the policy on outcomes alone (λ = 0; `rm_guard/lam` records
+    the λ used); the next unflagged one uses `algo.lam` again."""
+
+
 class AlgoConfig(_Section):
     lam: float = 1.0
     """λ in R = O + λ·mean_j S; 0 gives the outcome-only baseline."""
@@ -448,6 +474,8 @@ class AlgoConfig(_Section):
     """[α_low, α_high]: tasks whose accuracy is inside train the RM; outside, they are adapted."""
     policy_band: tuple[float, float] = (0.125, 0.875)
     """Accuracy band of tasks whose samples train the policy."""
+    rm_guard: RMGuardConfig = RMGuardConfig()
+    """The reward-hacking alarm, and whether a flag switches the policy to outcome-only."""
 
     @model_validator(mode="after")
     def _ordered(self) -> AlgoConfig:

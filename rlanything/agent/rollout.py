@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlanything.algo.parsing import parse_answer
-from rlanything.envs.base import Environment, replayable, screenshot
+from rlanything.envs.base import Environment, example_of, replayable, screenshot
 from rlanything.models.engine import GenerationEngine, PrefixCache
 from rlanything.models.prompts import policy_messages, render
 
@@ -99,7 +99,8 @@ def play(
         if not active:
             break
         rendered = [
-            render(tokenizer, policy_messages(ep.env.system_prompt, ep.observations, ep.responses)) for ep in active
+            render(tokenizer, policy_messages(ep.env.system_prompt, ep.observations, ep.responses, example_of(ep.env)))
+            for ep in active
         ]
         gens = engine.generate(
             [ids for _, ids in rendered],

@@ -57,7 +57,8 @@ class Environment(Protocol):
     # `rlanything eval` plays, kept apart from every problem training can draw (envs/heldout.py).
     # Optional: `last_screenshot() -> bytes | None` (a PNG of the screen, see `screenshot`) and
     # `replayable = False` (see `replayable`); environments without them are text-only and
-    # replayable.
+    # replayable. Optional: `example`, a solved (problem, answer) pair shown before the first
+    # observation (see `example_of`).
 
     # --- specs and rewrites (task adaptation) -------------------------------------------
     @staticmethod
@@ -93,6 +94,12 @@ def screenshot(env: Environment) -> bytes | None:
     have one (MiniWoB++, OSWorld define `last_screenshot()`); None for text environments."""
     shot = getattr(env, "last_screenshot", None)
     return shot() if shot is not None else None
+
+
+def example_of(env: Environment) -> tuple[str, str] | None:
+    """The solved (problem, answer) pair the policy sees before the episode's first observation
+    (an optional `example` attribute, set by `reset`; reasoning-gym's `worked_example`), or None."""
+    return getattr(env, "example", None)
 
 
 def replayable(env: Environment | type) -> bool:

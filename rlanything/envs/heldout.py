@@ -34,6 +34,9 @@ SPLITS = ("in_domain", "ood")
 STRIDE = 100_003  # initial_specs: seed * STRIDE + slot
 RESERVED = 1_000  # residues STRIDE - RESERVED .. STRIDE - 1 are evaluation seeds
 OOD_OFFSET = 1_000_000  # the OOD split's seeds start this many evaluation seeds later
+EXAMPLE_SEED = STRIDE - RESERVED - 1
+"""The seed of worked examples shown in prompts (reasoning-gym `worked_example`): below the
+evaluation residues, and a training slot only in a buffer of more than 99,002 problems."""
 
 
 class NoHeldOutSplit(ValueError):

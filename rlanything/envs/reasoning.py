@@ -4,6 +4,11 @@ A spec is `{"dataset": name, "config": {difficulty knobs}, "seed": int}`: the ge
 rebuilds the exact problem from it, so specs stay small and rewrites change the difficulty
 knobs (a structured target). The outcome is +1 only for a full score
 (`score_answer == 1.0`); partial credit counts as a failure, since the method's outcome is binary.
+
+With `worked_example` on, the policy first sees one solved problem of the same generator and
+knobs as an earlier chat turn (`example`): small models that ignore "put the answer in
+\\boxed{}" copy the format of a turn they see answered. Its seed is `EXAMPLE_SEED`, never a
+training or evaluation seed (envs/heldout.py).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import reasoning_gym
 
 from rlanything.envs.base import StepResult, parse_json_box
+from rlanything.envs.heldout import EXAMPLE_SEED
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
@@ -28,6 +34,26 @@ def build_entry(spec: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"invalid reasoning-gym spec {spec}: {type(err).__name__}: {err}") from err
 
 
+def worked_example(spec: dict[str, Any]) -> tuple[str, str]:
+    r"""The problem of `spec`'s generator and knobs at `EXAMPLE_SEED`, and its solution: the
+    expression and its value where the generator records one (arithmetic datasets), the
+    generator's chain of thought where it has one (gsm_symbolic), then the boxed answer.
+
+    >>> knobs = {"max_terms": 2, "max_digits": 1, "operators": ["+"], "allow_parentheses": False, "allow_negation": False}
+    >>> worked_example({"dataset": "basic_arithmetic", "config": knobs, "seed": 5})
+    ('Calculate 7 + 4.', '7 + 4 = 11. The answer is \\boxed{11}.')
+    """
+    entry = build_entry({**spec, "seed": EXAMPLE_SEED})["entry"]
+    meta, answer = entry.get("metadata", {}), entry["answer"]
+    if meta.get("expression"):
+        work = f"{meta['expression']} = {answer}. "
+    elif meta.get("answer_cot"):
+        work = f"{meta['answer_cot']}\n"
+    else:
+        work = ""
+    return entry["question"], f"{work}The answer is \\boxed{{{answer}}}."
+
+
 class ReasoningGymEnv:
     system_prompt = "Solve the problem. Think step by step, then give only the final answer inside \\boxed{}."
     judge_hint = "A good step reasons correctly and puts the correct final answer in \\boxed{}."
@@ -35,10 +61,14 @@ class ReasoningGymEnv:
     def __init__(self, config: EnvConfig | None = None) -> None:
         self._built: dict[str, Any] | None = None
         self._answer: str | None = None
+        self._worked_example = bool(config is not None and config.options.worked_example)
+        self.example: tuple[str, str] | None = None
+        """(question, answer) shown to the policy before the problem, or None."""
 
     def reset(self, spec: dict[str, Any]) -> str:
         self._built = build_entry(spec)
         self._answer = None
+        self.example = worked_example(spec) if self._worked_example else None
         return self._built["entry"]["question"]
 
     def step(self, action: str | None) -> StepResult:

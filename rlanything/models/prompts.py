@@ -3,8 +3,9 @@
 The policy sees the environment's instructions, then alternating observations and its own
 earlier responses: a multi-turn chat whose rendered tokens are exactly the context of a step.
 The RM sees the task, the history up to the step, the step's response and the next
-observation, and must end with \\boxed{1} or \\boxed{-1} (docs/method.md). No prompt carries an
-example answer: a concrete example invites the policy to copy it (measured here).
+observation, and must end with \\boxed{1} or \\boxed{-1} (docs/method.md). The policy's prompt
+carries an example answer only where the environment gives one (`example`, e.g. reasoning-gym's
+`worked_example`): an example of the same kind of problem, whose answer differs, so copying it fails.
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ JUDGE_SYSTEM = (
 )
 
 
-def policy_messages(system_prompt: str, observations: list[str], responses: list[str]) -> list[dict]:
-    """observations[k] precedes responses[k]; len(observations) == len(responses) + 1."""
+def policy_messages(
+    system_prompt: str, observations: list[str], responses: list[str], example: tuple[str, str] | None = None
+) -> list[dict]:
+    """observations[k] precedes responses[k]; len(observations) == len(responses) + 1;
+    `example`, a solved (problem, answer) pair, comes first as a user and an assistant turn."""
     assert len(observations) == len(responses) + 1
     messages = [{"role": "system", "content": system_prompt}]
+    if example is not None:
+        messages += [{"role": "user", "content": example[0]}, {"role": "assistant", "content": example[1]}]
     for k, obs in enumerate(observations):
         messages.append({"role": "user", "content": obs})
         if k < len(responses):

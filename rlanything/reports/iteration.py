@@ -35,7 +35,7 @@ from rlanything.storage.parquet import atomic_write, write_text
 # panel title -> metrics drawn in it, over iterations
 CURVES = {
     "Outcomes": ["accuracy", "mean_outcome"],
-    "Reward model": ["rm/agreement", "rm/parse_rate"],
+    "Reward model": ["rm/agreement", "rm/parse_rate", "rm/outcome_accuracy", "rm/outcome_auroc", "rm/score_gap"],
     "Losses": ["policy/loss", "rm/loss"],
     "KL to the generating model (k3)": ["policy/kl", "rm/kl"],
     "Task adaptation": ["adapt/proposed", "adapt/accepted", "adapt/rejected", "adapt/accepted_total"],
@@ -44,6 +44,9 @@ HEADLINE = [
     "accuracy",
     "mean_outcome",
     "rm/agreement",
+    "rm/outcome_accuracy",
+    "rm/outcome_auroc",
+    "rm/score_gap",
     "rm/parse_rate",
     "policy/loss",
     "rm/loss",
@@ -247,6 +250,13 @@ def summary_markdown(layout: RunLayout, iteration: int, history: pd.DataFrame, s
         "`Cached`: the step had finished in an earlier attempt; its result came back from Prefect.",
         "",
     ]
+    if now.get("rm_guard/alarm", 0) == 1:  # algo/rm_accuracy.py: the reward-hacking alarm
+        lines += [
+            f"**Reward model flagged**: its judgments stopped predicting outcomes (outcome accuracy "
+            f"{_fmt(now.get('rm/outcome_accuracy'))}, score gap {_fmt(now.get('rm/score_gap'))}); "
+            f"the policy's λ this iteration: {_fmt(now.get('rm_guard/lam'))}.",
+            "",
+        ]
     lines += ["| metric | this iteration | previous |", "|---|---|---|"]
     for key in HEADLINE:
         if key in now and pd.notna(now[key]):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pandas as pd
 
+from rlanything.algo.rm_accuracy import guard, outcome_prediction
 from rlanything.algo.samples import select_samples
 from rlanything.envs import env_class
 from rlanything.models.engine import PrefixCache, make_engine
@@ -97,16 +99,46 @@ def compute_samples(
     return pd.concat(frames, ignore_index=True)[ADVANTAGES.names]
 
 
+def rm_outcome_metrics(judgments: pd.DataFrame, outcomes: pd.DataFrame) -> dict[str, float]:
+    """`algo.rm_accuracy.outcome_prediction` of the judged trajectories (frame glue)."""
+    judged = judgments[judgments.traj_id.isin(outcomes.traj_id)]
+    return outcome_prediction(
+        judged.traj_id.to_numpy(),
+        judged.step_idx.to_numpy(),
+        judged.step_score.to_numpy(),
+        judged.parsed.to_numpy(),
+        dict(zip(outcomes.traj_id, outcomes.outcome)),
+    )
+
+
 @step_task("advantages")
 def advantages(run_dir: str, iteration: int):
     config, layout = open_run(run_dir)
     outcomes, judgments = read_artifact(layout, iteration, "outcomes"), read_artifact(layout, iteration, "judgments")
     trainable = outcomes[outcomes.valid & ~outcomes.pending]
+    prediction = rm_outcome_metrics(judgments, trainable)
+    limits = config.algo.rm_guard
+    decision = guard(
+        prediction,
+        config.algo.lam,
+        max_score_gap=limits.max_score_gap,
+        min_outcome_accuracy=limits.min_outcome_accuracy,
+        min_outcome_auroc=limits.min_outcome_auroc,
+        min_trajectories=limits.min_trajectories,
+        fallback=limits.outcome_only_when_flagged,
+    )
+    if decision.alarm:
+        logging.getLogger(__name__).warning(
+            "iteration %d: reward model flagged (%s); policy λ = %s",
+            iteration,
+            "; ".join(decision.reasons),
+            decision.lam,
+        )
     samples = compute_samples(
         trainable,
         judgments,
         m=config.rm.judgments_per_step,
-        lam=config.algo.lam,
+        lam=decision.lam,
         band=config.algo.band,
         policy_band=config.algo.policy_band,
     )
@@ -120,5 +152,11 @@ def advantages(run_dir: str, iteration: int):
         "samples/policy_kept": int(pol.kept.sum()),
         "samples/rm_kept": int(rm.kept.sum()),
         "rm/agreement": float((judged.step_score == judged.outcome).mean()) if len(judged) else 0.0,
+        "rm/step_outcome_accuracy": prediction["step_accuracy"],
+        "rm/outcome_accuracy": prediction["trajectory_accuracy"],
+        "rm/outcome_auroc": prediction["auroc"],
+        "rm/score_gap": prediction["score_gap"],
+        "rm_guard/alarm": int(decision.alarm),
+        "rm_guard/lam": decision.lam,
     }
-    return [path], metrics
+    return [path], {k: v for k, v in metrics.items() if v == v}  # NaN (nothing to rank): not logged

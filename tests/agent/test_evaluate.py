@@ -17,6 +17,7 @@ from rlanything.config import build_config  # noqa: E402
 from rlanything.envs import heldout  # noqa: E402
 from rlanything.envs.base import env_class  # noqa: E402
 from rlanything.envs.heldout import NoHeldOutSplit, drop_trained, heldout_specs, is_heldout_seed  # noqa: E402
+from rlanything.envs.reasoning import build_entry  # noqa: E402
 from rlanything.models.engine import TransformersEngine, left_pad, positions  # noqa: E402
 from rlanything.models.loading import load_model  # noqa: E402
 from rlanything.models.prompts import policy_messages, render  # noqa: E402
@@ -288,3 +289,19 @@ def test_a_crashing_environment_is_an_invalid_episode(tiny_tokenizer):
     rows = play_greedy(policy, tiny_tokenizer, config, [bad, good], "in_domain", max_new_tokens=8)
     assert rows[0]["valid"] is False and rows[0]["termination"] == "env_error" and "ValueError" in rows[0]["error"]
     assert rows[1]["valid"] is True and rows[1]["error"] is None
+
+
+def test_the_worked_example_is_the_first_exchange_of_every_prompt(tiny_tokenizer):
+    from rlanything.envs.reasoning import worked_example
+
+    config = build_config({}, [f"env.dataset_config={json.dumps(ARITH)}", "env.options.worked_example=true"]).env
+    specs = heldout_specs(config, "in_domain", 3, 0)
+    seen = []
+    policy = ScriptedPolicy(tiny_tokenizer, lambda observations: seen.append(observations) or "\\boxed{0}")
+    rows = play_greedy(policy, tiny_tokenizer, config, specs, "in_domain", max_new_tokens=16)
+    assert len(rows) == 3
+    for spec, observations in zip(specs, seen):
+        question, answer = worked_example(spec)
+        assert observations == [question, build_entry(spec)["entry"]["question"]]
+    prompt = render(tiny_tokenizer, policy_messages("sys", ["Calculate 1 + 2."], [], ("Calculate 3 + 3.", "SHOWN")))[0]
+    assert prompt.index("Calculate 3 + 3.") < prompt.index("SHOWN") < prompt.index("Calculate 1 + 2.")

@@ -75,3 +75,37 @@ def test_rewrite_round_trip_and_malformed_rewrites():
             ReasoningGymEnv.parse_rewrite(spec, bad)
     with pytest.raises(ValueError, match="invalid reasoning-gym spec"):
         ReasoningGymEnv.validate_spec(env_config(), {**spec, "config": {**spec["config"], "min_digits": 5}})
+
+
+def test_worked_example_is_a_solved_problem_of_a_reserved_seed():
+    from rlanything.algo.parsing import parse_answer
+    from rlanything.envs.heldout import EXAMPLE_SEED, is_heldout_seed
+    from rlanything.envs.reasoning import worked_example
+
+    plain = make_env(env_config())
+    spec = initial_specs(env_config(), seed=0)[0]
+    plain.reset(spec)
+    assert plain.example is None  # off unless the config asks
+
+    config = build_config({"env": {"options": {"dataset_config": EASY, "worked_example": True}, "num_problems": 3}}).env
+    env = make_env(config)
+    harder = {**spec, "config": {**EASY, "max_digits": 2, "min_digits": 2}}
+    for s in (spec, harder):
+        question = env.reset(s)
+        example_question, example_answer = env.example
+        entry = build_entry({**s, "seed": EXAMPLE_SEED})["entry"]
+        assert example_question == entry["question"] != question
+        assert entry["metadata"]["difficulty"] == build_entry(s)["entry"]["metadata"]["difficulty"]  # same knobs
+        a, b = (int(x) for x in example_question.removeprefix("Calculate ").rstrip(".").split(" + "))
+        assert example_answer == f"{a} + {b} = {a + b}. The answer is \\boxed{{{a + b}}}."
+        # the shown answer is what the verifier accepts for the example
+        example_env = make_env(config)
+        example_env.reset({**s, "seed": EXAMPLE_SEED})
+        example_env.step(parse_answer(example_answer)[0])
+        assert example_env.outcome() == 1
+    env.reset(spec)
+    assert env.example == worked_example(spec)
+    # never a problem of training (any run seed) nor of evaluation
+    assert not is_heldout_seed(EXAMPLE_SEED)
+    for run_seed in (0, 1, 7, -3):
+        assert EXAMPLE_SEED not in {s["seed"] for s in initial_specs(env_config(n=64), seed=run_seed)}

@@ -1,0 +1,149 @@
+r"""How well the reward model's judgments predict outcomes, and the reward-hacking guard.
+
+The method trains the RM by consistency with outcomes (R·S_j), and the policy by
+R = O + λ·mean_j S. If the RM drifts (calls steps good while the episodes fail) the policy
+is paid for pleasing the RM: reward hacking. We watch it per iteration with three numbers, from
+the iteration's parsed judgments (one row per judgment: trajectory, step, S in {-1, +1}) and
+the trajectories' outcomes O in {-1, +1}:
+
+- **step outcome accuracy**: the fraction of judged steps whose majority verdict (the sign of the
+  mean of its parsed S) equals its trajectory's outcome. A tie, or a step with no parsed
+  judgment, predicts nothing and counts as wrong: an RM that abstains is not accurate.
+- **trajectory outcome accuracy**: the same for the sign of a trajectory's mean step score
+  (the mean over its judged steps of each step's mean S; the λ-term of R up to λ).
+- **AUROC** of the trajectory mean step score for O = +1: the probability that a random
+  successful trajectory scores above a random failed one (ties count one half). NaN when only
+  one outcome occurs: no ranking to judge, never a made-up 0.5.
+- **score gap**: mean trajectory step score − mean outcome, in [−2, 2]. Positive: the RM is
+  more pleased than the verifier; hacking shows as a large positive gap.
+
+`guard` turns them into the alarm of `algo.rm_guard`: the RM is flagged when the gap exceeds
+`max_score_gap`, the trajectory outcome accuracy falls below `min_outcome_accuracy`, or the
+AUROC (where defined) below `min_outcome_auroc`, decided only from at least `min_trajectories`
+judged trajectories. Accuracy alone misses an RM at chance when most episodes succeed (calling
+every step good is then "accurate"); AUROC does not depend on the success rate. Departure from the paper: the paper
+has no guard; it is ours, off the policy's reward unless `fallback` is set, in which case a
+flagged iteration trains the policy on outcomes only (λ = 0), the next healthy one on λ again.
+
+Pure numpy; nothing of ours is imported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Area under the ROC curve of `scores` for `labels` (True = positive), ties counted one half
+    (the Mann–Whitney U over n_pos · n_neg); NaN unless both classes occur.
+
+    scores (N,) float, labels (N,) bool -> float
+
+    >>> auroc(np.array([0.9, 0.1, 0.5, 0.5]), np.array([True, False, True, False]))
+    0.875
+    >>> auroc(np.array([1.0, 2.0]), np.array([True, True]))
+    nan
+    """
+    scores, labels = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    pos, neg = scores[labels], scores[~labels]
+    if not len(pos) or not len(neg):
+        return math.nan
+    greater = (pos[:, None] > neg[None, :]).sum()
+    ties = (pos[:, None] == neg[None, :]).sum()
+    return float((greater + 0.5 * ties) / (len(pos) * len(neg)))
+
+
+def outcome_prediction(
+    traj_id: np.ndarray, step_idx: np.ndarray, step_score: np.ndarray, parsed: np.ndarray, outcome: dict
+) -> dict[str, float]:
+    """Step and trajectory outcome accuracy, AUROC and score gap of one iteration's judgments.
+
+    traj_id, step_idx, step_score, parsed: (J,) per judgment (step_score in {-1, 0, +1}, used only
+    where parsed); outcome: traj_id -> O in {-1, +1} for every judged trajectory.
+    -> {"step_accuracy", "trajectory_accuracy", "auroc", "score_gap", "steps", "trajectories"}
+    (NaN rates when nothing was judged).
+
+    Worked example: trajectory a (O = +1) has steps 0 (S = +1, +1, −1) and 1 (S = −1, −1, +1);
+    trajectory b (O = −1) one step (S = −1, unparsed, −1). Step means +1/3, −1/3, −1: the majority
+    verdicts +1, −1, −1 against outcomes +1, +1, −1 → step accuracy 2/3. Trajectory means 0 (a tie:
+    wrong) and −1 (right) → 1/2; AUROC 1 (0 > −1); gap mean(0, −1) − mean(+1, −1) = −0.5.
+
+    >>> r = outcome_prediction(np.array(["a"] * 6 + ["b"] * 3), np.array([0, 0, 0, 1, 1, 1, 0, 0, 0]),
+    ...     np.array([1, 1, -1, -1, -1, 1, -1, 0, -1]), np.array([True] * 7 + [False, True]), {"a": 1, "b": -1})
+    >>> [round(r[k], 4) for k in ("step_accuracy", "trajectory_accuracy", "auroc", "score_gap")]
+    [0.6667, 0.5, 1.0, -0.5]
+    """
+    keys = list(zip(np.asarray(traj_id).tolist(), np.asarray(step_idx).tolist()))
+    scores, parsed = np.asarray(step_score, dtype=float), np.asarray(parsed, dtype=bool)
+    steps: dict[tuple, list[float]] = {}
+    for key, score, ok in zip(keys, scores, parsed):
+        steps.setdefault(key, [])
+        if ok:
+            steps[key].append(score)
+    step_mean = {key: (float(np.mean(s)) if s else 0.0) for key, s in steps.items()}
+    step_right = [np.sign(mean) == outcome[key[0]] for key, mean in step_mean.items()]
+    trajectories: dict = {}
+    for (traj, _), mean in step_mean.items():
+        trajectories.setdefault(traj, []).append(mean)
+    traj_ids = list(trajectories)
+    traj_score = np.array([np.mean(trajectories[t]) for t in traj_ids])
+    traj_outcome = np.array([outcome[t] for t in traj_ids], dtype=float)
+    if not traj_ids:
+        nan = math.nan
+        return dict(step_accuracy=nan, trajectory_accuracy=nan, auroc=nan, score_gap=nan, steps=0, trajectories=0)
+    return {
+        "step_accuracy": float(np.mean(step_right)),
+        "trajectory_accuracy": float(np.mean(np.sign(traj_score) == traj_outcome)),
+        "auroc": auroc(traj_score, traj_outcome > 0),
+        "score_gap": float(traj_score.mean() - traj_outcome.mean()),
+        "steps": len(step_mean),
+        "trajectories": len(traj_ids),
+    }
+
+
+@dataclass(frozen=True)
+class GuardDecision:
+    alarm: bool
+    """The RM was flagged this iteration."""
+    lam: float
+    """λ the policy's reward uses this iteration (0 when flagged and falling back)."""
+    reasons: tuple[str, ...]
+    """Why it was flagged (empty when not)."""
+
+
+def guard(
+    prediction: dict[str, float],
+    lam: float,
+    *,
+    max_score_gap: float,
+    min_outcome_accuracy: float,
+    min_outcome_auroc: float,
+    min_trajectories: int,
+    fallback: bool,
+) -> GuardDecision:
+    """The reward-hacking alarm of one iteration from `outcome_prediction`'s numbers.
+
+    >>> limits = dict(max_score_gap=1.0, min_outcome_accuracy=0.5, min_outcome_auroc=0.6, min_trajectories=8)
+    >>> healthy = {"score_gap": 0.2, "trajectory_accuracy": 0.8, "auroc": 0.9, "trajectories": 16}
+    >>> guard(healthy, 1.0, **limits, fallback=True)
+    GuardDecision(alarm=False, lam=1.0, reasons=())
+    >>> drift = {"score_gap": 1.5, "trajectory_accuracy": 0.25, "auroc": 0.5, "trajectories": 16}
+    >>> d = guard(drift, 1.0, **limits, fallback=True)
+    >>> d.alarm, d.lam, len(d.reasons)
+    (True, 0.0, 3)
+    >>> guard(drift | {"trajectories": 4}, 1.0, **limits, fallback=True).alarm  # too few to decide
+    False
+    """
+    reasons = []
+    if prediction["trajectories"] >= min_trajectories:
+        if prediction["score_gap"] > max_score_gap:
+            reasons.append(f"score gap {prediction['score_gap']:+.2f} > {max_score_gap}")
+        if prediction["trajectory_accuracy"] < min_outcome_accuracy:
+            reasons.append(f"outcome accuracy {prediction['trajectory_accuracy']:.2f} < {min_outcome_accuracy}")
+        if prediction["auroc"] < min_outcome_auroc:  # False for NaN: one outcome only, no ranking
+            reasons.append(f"outcome AUROC {prediction['auroc']:.2f} < {min_outcome_auroc}")
+    alarm = bool(reasons)
+    return GuardDecision(alarm=alarm, lam=0.0 if alarm and fallback else lam, reasons=tuple(reasons))
