@@ -109,7 +109,10 @@ def workload(num: int, seed: int) -> tuple[list[dict], list[list[dict]], str]:
     env_config = load_config(CONFIG, [f"env.num_problems={num}"]).env
     specs = ReasoningGymEnv.initial_specs(env_config, seed)
     env = ReasoningGymEnv(env_config)
-    prompts = [policy_messages(env.system_prompt, [env.reset(s)], []) for s in specs]
+    prompts = []
+    for spec in specs:  # reset first: it sets the worked example the prompt starts with
+        question = env.reset(spec)
+        prompts.append(policy_messages(env.system_prompt, [question], [], env.example))
     return specs, prompts, env_config.answer_fallback
 
 
