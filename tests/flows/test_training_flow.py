@@ -96,9 +96,15 @@ def test_mlflow_holds_params_metrics_and_artifacts(run):
         "tokens/policy_response",
         "time/rollout_s",
         "time/rm_update_s",
+        "rm/outcome_accuracy",
+        "rm/score_gap",
+        "rm_guard/alarm",
+        "rm_guard/lam",
     ):
         history = client.get_metric_history(mlrun.info.run_id, key)
         assert sorted(m.step for m in history) == [0, 1], key
+    # the guard only warns by default: flagged or not, the policy's λ stays algo.lam
+    assert [m.value for m in client.get_metric_history(mlrun.info.run_id, "rm_guard/lam")] == [1.0, 1.0]
     for iteration in ("iter_0000", "iter_0001"):
         names = {Path(a.path).name for a in client.list_artifacts(mlrun.info.run_id, iteration)}
         assert {f"{n}.parquet" for n in ARTIFACTS} | {"summary.json"} <= names, names
