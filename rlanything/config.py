@@ -459,8 +459,9 @@ class RMGuardConfig(_Section):
     min_trajectories: int = Field(8, ge=1)
     """Decide only from at least this many judged trajectories; fewer never flag."""
     outcome_only_when_flagged: bool = False
-    """A flagged iteration trains the policy on outcomes alone (λ = 0; `rm_guard/lam` records
-    the λ used); the next unflagged one uses `algo.lam` again."""
+    """A flagged iteration uses R = O (λ = 0) for the policy's reward and for the RM's
+    consistency reward R·S_j (`rm_guard/lam` records the λ used); the next unflagged one uses
+    `algo.lam` again."""
 
 
 class AlgoConfig(_Section):

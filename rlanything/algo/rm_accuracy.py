@@ -23,7 +23,8 @@ AUROC (where defined) below `min_outcome_auroc`, decided only from at least `min
 judged trajectories. Accuracy alone misses an RM at chance when most episodes succeed (calling
 every step good is then "accurate"); AUROC does not depend on the success rate. Departure from the paper: the paper
 has no guard; it is ours, off the policy's reward unless `fallback` is set, in which case a
-flagged iteration trains the policy on outcomes only (λ = 0), the next healthy one on λ again.
+flagged iteration uses R = O (λ = 0) for the policy and for the RM's consistency reward, the
+next healthy one λ again.
 
 Pure numpy; nothing of ours is imported.
 """

@@ -129,7 +129,7 @@ def advantages(run_dir: str, iteration: int):
     )
     if decision.alarm:
         logging.getLogger(__name__).warning(
-            "iteration %d: reward model flagged (%s); policy λ = %s",
+            "iteration %d: reward model flagged (%s); λ = %s this iteration",
             iteration,
             "; ".join(decision.reasons),
             decision.lam,
