@@ -203,7 +203,11 @@ def test_options_are_validated_by_the_model_of_the_kind_only():
 
 def test_options_dump_and_digest_follow_the_kind():
     arith = build_config({}, ["env.options.dataset_config={max_terms: 2}"])
-    assert arith.to_dict()["env"]["options"] == {"dataset": "basic_arithmetic", "dataset_config": {"max_terms": 2}}
+    assert arith.to_dict()["env"]["options"] == {
+        "dataset": "basic_arithmetic",
+        "dataset_config": {"max_terms": 2},
+        "worked_example": False,
+    }
     assert arith.digest() != build_config({}).digest()
     assert flatten(arith.to_dict())["env.options.dataset_config.max_terms"] == 2
 
