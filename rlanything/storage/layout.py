@@ -26,7 +26,8 @@ class Step:
 PIPELINE = (
     Step("rollout", ("rollouts", "episodes")),  # 1. the policy plays each task G times
     Step("verify", ("outcomes",)),  # 2. the environment's outcome ±1 per trajectory
-    Step("rm_score", ("judgments",)),  # 3. the generative RM judges every step m times
+    # 3. the generative RM judges every step m times (or, coding, writes unit tests: rm.role)
+    Step("rm_score", ("judgments", "unit_tests", "pass_matrix")),
     Step("advantages", ("advantages",)),  # 4. rewards, advantages, which samples train
     Step("policy_update", ("policy_update",), checkpoint="policy"),  # 5. PPO-clip on the policy
     Step("rm_update", ("rm_update",), checkpoint="rm"),  # 6. the same loss on the RM's judgments

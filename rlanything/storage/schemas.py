@@ -59,6 +59,9 @@ OUTCOMES = pa.schema(
         pa.field("error", pa.string()),
         pa.field("pending", pa.bool_(), nullable=False),
         pa.field("verified_by", pa.string(), nullable=False),  # replay | live | step_cap | env_error
+        # ground-truth tests passed / run, for environments that count them (coding); else null
+        pa.field("tests_passed", pa.int32()),
+        pa.field("tests_total", pa.int32()),
     ]
 )
 
@@ -81,13 +84,45 @@ JUDGMENTS = pa.schema(
     ]
 )
 
+# rm.role unit_tests (coding): the RM's generated tests, one row per (problem, test), and
+# the pass matrix, one row per (test, solution). Empty when the RM judges steps.
+UNIT_TESTS = pa.schema(
+    [
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("test_idx", pa.int32(), nullable=False),
+        pa.field("style", pa.string(), nullable=False),  # assert | stdio
+        pa.field("prompt", pa.string(), nullable=False),
+        pa.field("response", pa.string(), nullable=False),  # the RM's text
+        pa.field("test", pa.string()),  # the parsed test as JSON ({"code"} or {"input", "output"}); null: unparsed
+        pa.field("parsed", pa.bool_(), nullable=False),
+        pa.field("parse_error", pa.string()),  # why it could not be parsed
+        pa.field("correct", pa.bool_(), nullable=False),  # passes every solution that passes the ground truth
+        pa.field("incorrect_caught", pa.int32(), nullable=False),  # incorrect solutions it fails
+        pa.field("reward", pa.float32(), nullable=False),  # algo.coding.unit_test_rewards; -2 unparsed
+        pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("response_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("logprobs", pa.list_(pa.float32()), nullable=False),
+        pa.field("weights", pa.string(), nullable=False),  # the RM checkpoint folder that wrote it
+    ]
+)
+
+PASS_MATRIX = pa.schema(
+    [
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("test_idx", pa.int32(), nullable=False),
+        pa.field("traj_id", pa.int32(), nullable=False),  # the policy solution
+        pa.field("passed", pa.bool_(), nullable=False),  # the generated test passes on it
+        pa.field("solution_correct", pa.bool_(), nullable=False),  # it passes every ground-truth test
+    ]
+)
+
 ADVANTAGES = pa.schema(
     [
         pa.field("kind", pa.string(), nullable=False),  # policy | rm
         pa.field("traj_id", pa.int32(), nullable=False),
         pa.field("task_id", pa.string(), nullable=False),
         pa.field("step_idx", pa.int32(), nullable=False),
-        pa.field("judge_idx", pa.int32(), nullable=False),  # -1 for policy samples
+        pa.field("judge_idx", pa.int32(), nullable=False),  # -1 for policy samples; test_idx for unit tests
         pa.field("reward", pa.float32(), nullable=False),
         pa.field("advantage", pa.float32(), nullable=False),
         pa.field("kept", pa.bool_(), nullable=False),
@@ -184,6 +219,8 @@ ARTIFACTS = {
     "episodes": EPISODES,
     "outcomes": OUTCOMES,
     "judgments": JUDGMENTS,
+    "unit_tests": UNIT_TESTS,
+    "pass_matrix": PASS_MATRIX,
     "advantages": ADVANTAGES,
     "policy_update": UPDATE,
     "rm_update": UPDATE,

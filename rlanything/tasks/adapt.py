@@ -14,12 +14,15 @@ from rlanything.storage.artifacts import read_artifact, write_artifact
 from rlanything.storage.buffer import read_buffer, write_buffer
 from rlanything.storage.schemas import ADAPTATION
 from rlanything.tasks.common import open_run, step_task
+from rlanything.tasks.unit_tests import failed_test_judgments
 
 
 @step_task("adapt_tasks")
 def adapt_tasks(run_dir: str, iteration: int):
     config, layout = open_run(run_dir)
     frames = {n: read_artifact(layout, iteration, n) for n in ("outcomes", "judgments", "rollouts", "episodes")}
+    if config.rm.role == "unit_tests":  # the critic reads the correct generated tests a solution failed
+        frames["judgments"] = failed_test_judgments(layout, iteration, frames["rollouts"])
     before = read_buffer(layout.tasks_snapshot(iteration))
     rows, buffer = adapt(
         config,

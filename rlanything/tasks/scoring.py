@@ -17,6 +17,7 @@ from rlanything.seeding import derive_seed
 from rlanything.storage.artifacts import read_artifact, write_artifact
 from rlanything.storage.schemas import ADVANTAGES, JUDGMENTS
 from rlanything.tasks.common import FLIP_ADVANTAGE_ENV, model_path, open_run, step_task, weights_label
+from rlanything.tasks.unit_tests import score_with_unit_tests, unit_test_advantage_rows
 
 
 def steps_to_judge(steps: pd.DataFrame, episodes: pd.DataFrame, outcomes: pd.DataFrame) -> list[dict]:
@@ -45,6 +46,8 @@ def steps_to_judge(steps: pd.DataFrame, episodes: pd.DataFrame, outcomes: pd.Dat
 @step_task("rm_score")
 def rm_score(run_dir: str, iteration: int):
     config, layout = open_run(run_dir)
+    if config.rm.role == "unit_tests":  # the coding setting: the RM writes tests, judges no step
+        return score_with_unit_tests(config, layout, iteration)
     steps, episodes, outcomes = (read_artifact(layout, iteration, n) for n in ("rollouts", "episodes", "outcomes"))
     todo = steps_to_judge(steps, episodes, outcomes)
     path = model_path(config, layout, "rm", iteration)
@@ -66,7 +69,8 @@ def rm_score(run_dir: str, iteration: int):
         )
         weights = weights_label(layout, engine.weights)
         rows = [{**row, "weights": weights} for row in rows]
-    out = write_artifact(rows, layout, iteration, "judgments")
+    empty = [write_artifact([], layout, iteration, name) for name in ("unit_tests", "pass_matrix")]  # role judge
+    out = write_artifact(rows, layout, iteration, "judgments")  # last: marks the step done
     frame = pd.DataFrame(rows, columns=JUDGMENTS.names)
     metrics = {
         "rm/judgments": len(rows),
@@ -76,7 +80,7 @@ def rm_score(run_dir: str, iteration: int):
     }
     if cache.prompt_tokens:  # the transformers engine served them (vLLM reuses prefixes on its own)
         metrics["tokens/rm_prompt_reused"] = cache.reused_tokens  # KV of earlier steps' history
-    return [out], metrics
+    return [out, *empty], metrics
 
 
 def compute_samples(
@@ -111,6 +115,10 @@ def rm_outcome_metrics(judgments: pd.DataFrame, outcomes: pd.DataFrame) -> dict[
     )
 
 
+def _no_rows(judgments: pd.DataFrame) -> float:
+    return float("nan") if judgments.empty else 0.0
+
+
 @step_task("advantages")
 def advantages(run_dir: str, iteration: int):
     config, layout = open_run(run_dir)
@@ -134,14 +142,17 @@ def advantages(run_dir: str, iteration: int):
             "; ".join(decision.reasons),
             decision.lam,
         )
-    samples = compute_samples(
-        trainable,
-        judgments,
-        m=config.rm.judgments_per_step,
-        lam=decision.lam,
-        band=config.algo.band,
-        policy_band=config.algo.policy_band,
-    )
+    if config.rm.role == "unit_tests":
+        samples = unit_test_advantage_rows(config, layout, iteration, decision.lam)
+    else:
+        samples = compute_samples(
+            trainable,
+            judgments,
+            m=config.rm.judgments_per_step,
+            lam=decision.lam,
+            band=config.algo.band,
+            policy_band=config.algo.policy_band,
+        )
     if os.environ.get(FLIP_ADVANTAGE_ENV) == "1":  # test-only fault: the learning test's negative control
         samples.loc[samples.kind == "policy", "advantage"] *= -1
     path = write_artifact(samples, layout, iteration, "advantages")
@@ -151,7 +162,8 @@ def advantages(run_dir: str, iteration: int):
         "reward/policy_mean": float(pol.reward.mean()) if len(pol) else 0.0,
         "samples/policy_kept": int(pol.kept.sum()),
         "samples/rm_kept": int(rm.kept.sum()),
-        "rm/agreement": float((judged.step_score == judged.outcome).mean()) if len(judged) else 0.0,
+        # no judgment at all (rm.role unit_tests): not logged, rather than a made-up 0
+        "rm/agreement": float((judged.step_score == judged.outcome).mean()) if len(judged) else _no_rows(judgments),
         "rm/step_outcome_accuracy": prediction["step_accuracy"],
         "rm/outcome_accuracy": prediction["trajectory_accuracy"],
         "rm/outcome_auroc": prediction["auroc"],

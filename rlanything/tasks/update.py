@@ -80,7 +80,13 @@ def policy_update(run_dir: str, iteration: int):
 @step_task("rm_update")
 def rm_update(run_dir: str, iteration: int):
     config, layout = open_run(run_dir)
-    adv, judgments = read_artifact(layout, iteration, "advantages"), read_artifact(layout, iteration, "judgments")
+    adv = read_artifact(layout, iteration, "advantages")
+    if config.rm.role == "unit_tests":  # the samples are the RM's generated tests (judge_idx = test_idx)
+        tests = read_artifact(layout, iteration, "unit_tests").rename(columns={"test_idx": "judge_idx"})
+        kept = adv[(adv.kind == "rm") & adv.kept][["task_id", "judge_idx", "advantage"]]
+        rows = kept.merge(tests, on=["task_id", "judge_idx"], how="inner", validate="one_to_one")
+        return _update(run_dir, iteration, "rm", to_samples(rows), config.rm)
+    judgments = read_artifact(layout, iteration, "judgments")
     kept = adv[(adv.kind == "rm") & adv.kept][["traj_id", "step_idx", "judge_idx", "advantage"]]
     rows = kept.merge(judgments, on=["traj_id", "step_idx", "judge_idx"], how="inner", validate="one_to_one")
     r = config.rm

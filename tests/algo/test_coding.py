@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from rlanything.algo.coding import unit_test_advantages, unit_test_rewards
+from rlanything.algo.coding import (
+    correct_test_pass_fraction,
+    unit_test_advantages,
+    unit_test_rewards,
+    unit_test_samples,
+    unit_test_scores,
+)
 
 EPS = 1e-6
 
@@ -64,3 +70,67 @@ def test_unit_test_advantages_std_zero():
 
 def test_unit_test_advantages_single_test_keeps_raw():
     np.testing.assert_array_equal(unit_test_advantages(np.array([-2.0])), [-2.0])
+
+
+# ---------------------------------------------------------------- rm.role unit_tests: scores and samples
+
+
+def test_unit_test_scores_hand_example_with_an_unparsed_test():
+    # solutions: 0, 1 right; 2, 3 wrong. test 0 fails both wrong ones (correct, catches 2);
+    # test 1 fails right solution 1 and passes wrong solution 3 (incorrect: -1 wrong passed);
+    # test 2 is unparsed: its matrix row is ignored (here all True, which would earn -2 too).
+    matrix = np.array([[1, 1, 0, 0], [1, 0, 0, 1], [1, 1, 1, 1]], dtype=bool)
+    s = unit_test_scores(matrix, np.array([True, True, False, False]), np.array([True, True, False]))
+    assert s["reward"].tolist() == [2.0, -1.0, -2.0]
+    assert s["correct"].tolist() == [True, False, False]
+    assert s["incorrect_caught"].tolist() == [2, 1, 0]
+
+
+def test_unit_test_scores_nothing_parsed():
+    s = unit_test_scores(np.zeros((2, 3), bool), np.array([True, False, False]), np.array([False, False]))
+    assert s["reward"].tolist() == [-2.0, -2.0] and not s["correct"].any() and s["incorrect_caught"].tolist() == [0, 0]
+
+
+def test_correct_test_pass_fraction_hand_example():
+    matrix = np.array([[1, 0, 1], [1, 1, 0], [0, 0, 0]], dtype=bool)
+    # tests 0 and 1 are correct; solution 0 passes both, 1 passes one, 2 passes one
+    assert correct_test_pass_fraction(matrix, np.array([True, True, False])).tolist() == [1.0, 0.5, 0.5]
+    assert correct_test_pass_fraction(matrix, np.array([False, False, False])).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_unit_test_samples_hand_computed():
+    """Task a: 3 solutions (accuracy 1/3, in band); task b: 2 solutions both right (out of band).
+    Policy R = fraction of ground-truth tests + λ·fraction of correct generated tests, λ = 0.5:
+    a: 1 + .5·1 = 1.5, .5 + .5·.5 = .75, 0 + 0 = 0 -> mean .75, std .75 -> z = 1, 0, -1
+    (the middle one exactly 0: zero_advantage); b: 1.5 and 1.5 -> out of band.
+    RM rewards of a: [2, -2] -> z = ±0.7071 (÷ (std 2.828 + 1e-6)); b: [1, 1] -> out of band."""
+    tests = {"task_id": np.array(["a", "a", "b", "b"]), "test_idx": np.array([0, 1, 0, 1]),
+             "reward": np.array([2.0, -2.0, 1.0, 1.0])}  # fmt: skip
+    trajectories = {
+        "traj_id": np.array([0, 1, 2, 3, 4]),
+        "task_id": np.array(["a", "a", "a", "b", "b"]),
+        "outcome": np.array([1, -1, -1, 1, 1]),
+        "test_fraction": np.array([1.0, 0.5, 0.0, 1.0, 1.0]),
+        "generated_fraction": np.array([1.0, 0.5, 0.0, 1.0, 1.0]),
+    }
+    pol, rm = unit_test_samples(tests, trajectories, lam=0.5, band=(0.2, 0.8), policy_band=(0.2, 0.8))
+    assert pol["reward"].tolist() == [1.5, 0.75, 0.0, 1.5, 1.5]
+    np.testing.assert_allclose(pol["advantage"], [0.75 / (0.75 + 1e-6), 0.0, -0.75 / (0.75 + 1e-6), 0.0, 0.0])
+    assert pol["kept"].tolist() == [True, False, True, False, False]
+    assert pol["drop_reason"].tolist() == [None, "zero_advantage", None, "out_of_band", "out_of_band"]
+    assert rm["traj_id"].tolist() == [-1] * 4 and rm["judge_idx"].tolist() == [0, 1, 0, 1]
+    std = np.std([2.0, -2.0], ddof=1)
+    np.testing.assert_allclose(rm["advantage"], [2 / (std + 1e-6), -2 / (std + 1e-6), 0.0, 0.0])
+    assert rm["kept"].tolist() == [True, True, False, False]
+    assert rm["drop_reason"].tolist() == [None, None, "out_of_band", "out_of_band"]
+
+
+def test_unit_test_samples_all_equal_rewards_are_zero_std_and_unknown_tasks_raise():
+    trajectories = {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1]),
+                    "test_fraction": np.array([1.0, 0.0]), "generated_fraction": np.zeros(2)}  # fmt: skip
+    tests = {"task_id": np.array(["a", "a"]), "test_idx": np.array([0, 1]), "reward": np.array([-2.0, -2.0])}
+    _, rm = unit_test_samples(tests, trajectories, lam=1.0, band=(0.0, 1.0), policy_band=(0.0, 1.0))
+    assert rm["drop_reason"].tolist() == ["zero_std", "zero_std"] and not rm["kept"].any()
+    tests["task_id"] = np.array(["a", "z"])
+    with pytest.raises(ValueError, match="no trainable trajectory"):
+        unit_test_samples(tests, trajectories, lam=1.0, band=(0.0, 1.0), policy_band=(0.0, 1.0))

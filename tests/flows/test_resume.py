@@ -122,25 +122,40 @@ def parquet_files(run_dir: Path) -> list[Path]:
     return sorted(p.relative_to(run_dir) for p in run_dir.rglob("*.parquet") if ".prefect" not in p.parts)
 
 
-def assert_same_files(run_dir: Path, reference: Path) -> int:
-    """Every Parquet file and checkpoint tensor present in `run_dir` equals the reference run's.
-    -> how many files were compared."""
-    compared = 0
+def _tensor_diffs(ours: dict, theirs: dict) -> list[str]:
+    """Names of the tensors that differ, with their largest absolute difference (for the message)."""
+    if ours.keys() != theirs.keys():
+        return [f"keys differ: {sorted(set(ours) ^ set(theirs))[:5]}"]
+    out = []
+    for k in ours:
+        a, b = torch.as_tensor(ours[k]), torch.as_tensor(theirs[k])
+        if not torch.equal(a, b):
+            gap = (a.double() - b.double()).abs().max().item() if a.shape == b.shape else "shape"
+            out.append(f"{k} (max |diff| {gap})")
+    return out
+
+
+def assert_same_files(run_dir: Path, reference: Path, where: str = "") -> int:
+    """Every Parquet file, checkpoint tensor and AdamW state present in `run_dir` equals the
+    reference run's. -> how many files were compared. A mismatch names every differing file
+    and tensor with its largest difference (a flaky bit tells more than a first failure)."""
+    compared, wrong = 0, []
     for rel in parquet_files(run_dir):
         ours, theirs = pq.read_table(run_dir / rel), pq.read_table(reference / rel)
         differing = [c for c in theirs.column_names if not ours[c].equals(theirs[c])]
-        assert ours.schema.equals(theirs.schema) and not differing, f"{rel}: columns {differing} differ"
+        if not ours.schema.equals(theirs.schema) or differing:
+            wrong.append(f"{rel}: columns {differing} differ")
         compared += 1
     for tensors in sorted((run_dir / "checkpoints").rglob("*.safetensors")):
-        ours, theirs = load_file(tensors), load_file(reference / tensors.relative_to(run_dir))
-        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), tensors
+        diffs = _tensor_diffs(load_file(tensors), load_file(reference / tensors.relative_to(run_dir)))
+        wrong += [f"{tensors.relative_to(run_dir)}: {d}" for d in diffs[:8]]
         compared += 1
+    flat = lambda s: {f"{i}.{k}": v for i, st in s["state"].items() for k, v in st.items()}  # noqa: E731
     for optim in sorted((run_dir / "checkpoints").rglob("optimizer.pt")):
-        ours, theirs = torch.load(optim), torch.load(reference / optim.relative_to(run_dir))
-        flat = lambda s: {f"{i}.{k}": v for i, st in s["state"].items() for k, v in st.items()}  # noqa: E731
-        a, b = flat(ours), flat(theirs)
-        assert a.keys() == b.keys() and all(torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])) for k in a), optim
+        diffs = _tensor_diffs(flat(torch.load(optim)), flat(torch.load(reference / optim.relative_to(run_dir))))
+        wrong += [f"{optim.relative_to(run_dir)}: {d}" for d in diffs[:8]]
         compared += 1
+    assert not wrong, "\n".join([where, *wrong])
     return compared
 
 
@@ -188,7 +203,8 @@ def test_killed_in_every_step_then_resumed_equals_an_uninterrupted_run(small_run
         assert logged_states(out, 1) == expected, out[-3000:]  # the step killed last time ran again; none after
         assert f"step {step} of iteration 1" not in out  # died inside the step
         assert outputs_mtimes(layout, 1, cached) == before  # Cached steps wrote nothing
-        assert assert_same_files(run_dir, reference) > 0  # every file that exists is complete and right
+        # every file that exists is complete and right
+        assert assert_same_files(run_dir, reference, f"after the kill in {step} ({phase})") > 0
         assert mlflow_status(run_dir) == "RUNNING"  # SIGKILL leaves it running
         previous = step
 
@@ -234,7 +250,7 @@ def test_a_failing_step_fails_the_flow_and_the_resume_runs_only_the_rest(small_r
     assert step_states(layout.run_dir, 0, expected) == expected
     assert outputs_mtimes(layout, 0, ["rollout", "verify"]) == kept
     assert pq.read_table(judgments).equals(saved)
-    assert assert_same_files(layout.run_dir, Path(small_run["run_dir"])) == 8 + 2 + 2 * 2  # iteration 0 only
+    assert assert_same_files(layout.run_dir, Path(small_run["run_dir"])) == 10 + 2 + 2 * 2  # iteration 0 only
     assert mlflow_status(layout.run_dir) == "FINISHED"
     assert layout.iteration_done(0).exists()
 

@@ -18,6 +18,8 @@ ARTIFACTS = {
     "episodes": schemas.EPISODES,
     "outcomes": schemas.OUTCOMES,
     "judgments": schemas.JUDGMENTS,
+    "unit_tests": schemas.UNIT_TESTS,
+    "pass_matrix": schemas.PASS_MATRIX,
     "advantages": schemas.ADVANTAGES,
     "policy_update": schemas.UPDATE,
     "rm_update": schemas.UPDATE,
@@ -49,6 +51,8 @@ def test_every_step_wrote_its_artifacts_with_their_schemas(run):
         per_step = judgments.groupby(["traj_id", "step_idx"]).size()
         assert len(per_step) == len(steps) and (per_step == 3).all()  # m judgments of every step
         assert set(judgments.step_score) <= {-1, 1} and judgments.parsed.all()  # constrained mode
+        assert tables["unit_tests"].empty and tables["pass_matrix"].empty  # rm.role judge writes no tests
+        assert outcomes.tests_passed.isna().all() and outcomes.tests_total.isna().all()  # no test suite here
         adv = tables["advantages"]
         assert (adv.kind == "policy").sum() == len(steps) and (adv.kind == "rm").sum() == len(judgments)
         assert len(tables["policy_update"]) == 2  # updates_per_iteration in tiny.yaml

@@ -1,0 +1,184 @@
+"""Steps 3–4 when the RM writes unit tests (rm.role unit_tests, the coding setting): the Parquet
+glue around `models.judge.write_unit_tests`, `envs.unit_tests` and `algo.coding`.
+
+rm_score writes unit_tests.parquet (one row per generated test) and pass_matrix.parquet (one
+row per parsed test and trainable solution of its task); judgments.parquet stays empty. The
+advantages step reads them back. Called by the step tasks of tasks/scoring.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from rlanything.algo.coding import correct_test_pass_fraction, unit_test_samples, unit_test_scores
+from rlanything.config import Config
+from rlanything.envs.coding import load_problem
+from rlanything.envs.unit_tests import parse_unit_test, pass_matrix, style_of, unit_test_request
+from rlanything.models.engine import PrefixCache, make_engine
+from rlanything.models.judge import write_unit_tests
+from rlanything.progress import progress
+from rlanything.seeding import derive_seed
+from rlanything.storage.artifacts import read_artifact, write_artifact
+from rlanything.storage.buffer import read_buffer
+from rlanything.storage.layout import RunLayout
+from rlanything.storage.schemas import ADVANTAGES, PASS_MATRIX, UNIT_TESTS
+from rlanything.tasks.common import model_path, weights_label
+
+
+def solutions(layout: RunLayout, iteration: int) -> pd.DataFrame:
+    """The trainable trajectories with their answer (the last step's action) and whether it
+    passes the ground truth: traj_id, task_id, answer, outcome, correct, test_fraction."""
+    steps, outcomes = read_artifact(layout, iteration, "rollouts"), read_artifact(layout, iteration, "outcomes")
+    trainable = outcomes[outcomes.valid & ~outcomes.pending]
+    last = steps.sort_values("step_idx").groupby("traj_id").action.last()
+    out = trainable[["traj_id", "task_id", "outcome", "tests_passed", "tests_total"]].copy()
+    out["answer"] = [a if isinstance(a, str) else None for a in out.traj_id.map(last)]
+    out["correct"] = out.outcome == 1
+    total = out.tests_total.astype("float64")
+    out["test_fraction"] = (out.tests_passed.astype("float64") / total.where(total > 0)).fillna(0.0)
+    return out.sort_values("traj_id").reset_index(drop=True)
+
+
+def score_with_unit_tests(config: Config, layout: RunLayout, iteration: int) -> tuple[list, dict]:
+    """rm_score for rm.role unit_tests -> (written paths, metrics)."""
+    sols = solutions(layout, iteration)
+    specs = read_buffer(layout.tasks_snapshot(iteration)).set_index("task_id").spec
+    task_ids = list(dict.fromkeys(sols.task_id))  # tasks with a trainable solution, first-seen order
+    problems = {t: load_problem(json.loads(specs[t])) for t in task_ids}
+    requests = [(t, unit_test_request(problems[t])) for t in task_ids]
+    rm = config.rm
+    with progress(f"iter {iteration}: rm_score (unit tests)", len(requests) * rm.tests_per_task) as advance:
+        engine, tokenizer = make_engine(
+            rm, "rm", model_path(config, layout, "rm", iteration), advance, layout.run_dir / "vllm-rm.log"
+        )
+        rows = write_unit_tests(
+            engine,
+            tokenizer,
+            requests,
+            tests_per_task=rm.tests_per_task,
+            max_new_tokens=rm.max_new_tokens,
+            temperature=rm.temperature,
+            top_p=rm.top_p,
+            seed=derive_seed(config.run.seed, iteration, "rm_score"),
+            prefix_cache=PrefixCache(),
+        )
+        weights = weights_label(layout, engine.weights)
+    tests, matrix_rows = [], []
+    for task_id in task_ids:
+        mine = [r for r in rows if r["task_id"] == task_id]
+        style = style_of(problems[task_id])
+        parsed = [parse_unit_test(r["response"], style) for r in mine]
+        task_sols = sols[sols.task_id == task_id]
+        matrix = pass_matrix(config.env, json.loads(specs[task_id]), [t for t, _ in parsed], list(task_sols.answer))
+        ok = np.array([t is not None for t, _ in parsed], dtype=bool)
+        scores = unit_test_scores(matrix, task_sols.correct.to_numpy(), ok)
+        for k, (row, (test, error)) in enumerate(zip(mine, parsed)):
+            tests.append(
+                {
+                    **row,
+                    "style": style,
+                    "test": None if test is None else json.dumps(test),
+                    "parsed": test is not None,
+                    "parse_error": error,
+                    "correct": bool(scores["correct"][k]),
+                    "incorrect_caught": int(scores["incorrect_caught"][k]),
+                    "reward": float(scores["reward"][k]),
+                    "weights": weights,
+                }
+            )
+            if test is not None:
+                for s, sol in enumerate(task_sols.itertuples(index=False)):
+                    matrix_rows.append(
+                        {
+                            "task_id": task_id,
+                            "test_idx": row["test_idx"],
+                            "traj_id": sol.traj_id,
+                            "passed": bool(matrix[k, s]),
+                            "solution_correct": bool(sol.correct),
+                        }
+                    )
+    paths = [
+        write_artifact([], layout, iteration, "judgments"),  # the RM judges no step in this role
+        write_artifact(tests, layout, iteration, "unit_tests"),
+        write_artifact(matrix_rows, layout, iteration, "pass_matrix"),  # last: marks the step done
+    ]
+    return paths, unit_test_metrics(
+        pd.DataFrame(tests, columns=UNIT_TESTS.names), pd.DataFrame(matrix_rows, columns=PASS_MATRIX.names)
+    )
+
+
+def unit_test_metrics(tests: pd.DataFrame, matrix: pd.DataFrame) -> dict[str, float]:
+    """unit_tests/*: generated, parse_rate, correct_rate (of the parsed), incorrect_caught (mean
+    per parsed test), verdict_agreement (the share of solutions on which "passes every parsed
+    generated test" equals "passes the ground truth": the coding analogue of RM outcome accuracy)."""
+    parsed = tests[tests.parsed]
+    metrics = {"unit_tests/generated": len(tests), "tokens/rm_response": int(tests.response_ids.map(len).sum())}
+    if len(tests):
+        metrics["unit_tests/parse_rate"] = float(tests.parsed.mean())
+    if len(parsed):
+        metrics["unit_tests/correct_rate"] = float(parsed.correct.mean())
+        metrics["unit_tests/incorrect_caught"] = float(parsed.incorrect_caught.mean())
+    if len(matrix):
+        verdicts = matrix.groupby(["task_id", "traj_id"]).agg(
+            passes=("passed", "all"), truth=("solution_correct", "first")
+        )
+        metrics["unit_tests/verdict_agreement"] = float((verdicts.passes == verdicts.truth).mean())
+    return metrics
+
+
+def unit_test_advantage_rows(config: Config, layout: RunLayout, iteration: int, lam: float) -> pd.DataFrame:
+    """advantages.parquet rows for rm.role unit_tests (policy rows first, then RM rows)."""
+    sols = solutions(layout, iteration)
+    tests = read_artifact(layout, iteration, "unit_tests")
+    matrix = read_artifact(layout, iteration, "pass_matrix")
+    correct = tests.set_index(["task_id", "test_idx"]).correct
+    generated = {}
+    for task_id, rows in matrix.groupby("task_id"):
+        table = rows.pivot(index="test_idx", columns="traj_id", values="passed").sort_index()
+        fraction = correct_test_pass_fraction(
+            table.to_numpy(bool), correct.loc[task_id].loc[table.index].to_numpy(bool)
+        )
+        generated.update(zip(table.columns, fraction))
+    cols = lambda frame, names: {n: frame[n].to_numpy() for n in names}  # noqa: E731
+    trajectories = {
+        **cols(sols, ("traj_id", "task_id", "outcome", "test_fraction")),
+        "generated_fraction": sols.traj_id.map(generated).fillna(0.0).to_numpy(),
+    }
+    policy, rm = unit_test_samples(
+        cols(tests, ("task_id", "test_idx", "reward")),
+        trajectories,
+        lam=lam,
+        band=config.algo.band,
+        policy_band=config.algo.policy_band,
+    )
+    if not len(policy["traj_id"]):
+        return pd.DataFrame(columns=ADVANTAGES.names)
+    frames = [pd.DataFrame({"kind": "policy", **policy, "judge_idx": -1}), pd.DataFrame({"kind": "rm", **rm})]
+    return pd.concat(frames, ignore_index=True)[ADVANTAGES.names]
+
+
+def failed_test_judgments(layout: RunLayout, iteration: int, steps: pd.DataFrame) -> pd.DataFrame:
+    """What the critic summary of task adaptation reads when the RM writes tests: for every
+    solution, one -1 "judgment" of its last step per *correct* generated test it fails, the
+    reasoning naming the test (`models.adaptation.failed_steps` reads the judgment columns)."""
+    tests = read_artifact(layout, iteration, "unit_tests")
+    matrix = read_artifact(layout, iteration, "pass_matrix")
+    failed = matrix[~matrix.passed].merge(
+        tests[tests.correct][["task_id", "test_idx", "test"]], on=["task_id", "test_idx"]
+    )
+    last = steps.groupby("traj_id").step_idx.max()
+    rows = [
+        {
+            "traj_id": r.traj_id,
+            "task_id": r.task_id,
+            "step_idx": int(last[r.traj_id]),
+            "judge_idx": int(r.test_idx),
+            "step_score": -1,
+            "reasoning": f"This solution fails the test {r.test}, which every correct solution passes.",
+        }
+        for r in failed.sort_values(["traj_id", "test_idx"]).itertuples(index=False)
+    ]
+    return pd.DataFrame(rows, columns=["traj_id", "task_id", "step_idx", "judge_idx", "step_score", "reasoning"])
