@@ -125,7 +125,7 @@ def pass_matrix(env_config, spec: dict[str, Any], tests: list[dict | None], answ
     without running anything."""
     problem = load_problem(spec)
     limits = limits_of(env_config)
-    programs = [None if a is None else solution_program(problem, a) for a in answers]
+    programs = [solution_program(problem, a) if isinstance(a, str) else None for a in answers]
     matrix = np.zeros((len(tests), len(answers)), dtype=bool)
     jobs = [(k, s) for k, test in enumerate(tests) if test is not None for s, p in enumerate(programs) if p]
     run = lambda k, s: run_tests(programs[s], [tests[k]], setup=problem["setup"], limits=limits)[0]  # noqa: E731

@@ -48,6 +48,9 @@ HEADLINE = [
     "rm/outcome_auroc",
     "rm/score_gap",
     "rm/parse_rate",
+    "unit_tests/parse_rate",  # rm.role unit_tests (coding)
+    "unit_tests/correct_rate",
+    "unit_tests/verdict_agreement",
     "policy/loss",
     "rm/loss",
     "policy/kl",

@@ -22,7 +22,8 @@ def adapt_tasks(run_dir: str, iteration: int):
     config, layout = open_run(run_dir)
     frames = {n: read_artifact(layout, iteration, n) for n in ("outcomes", "judgments", "rollouts", "episodes")}
     if config.rm.role == "unit_tests":  # the critic reads the correct generated tests a solution failed
-        frames["judgments"] = failed_test_judgments(layout, iteration, frames["rollouts"])
+        tests, matrix = (read_artifact(layout, iteration, n) for n in ("unit_tests", "pass_matrix"))
+        frames["judgments"] = failed_test_judgments(tests, matrix, frames["rollouts"])
     before = read_buffer(layout.tasks_snapshot(iteration))
     rows, buffer = adapt(
         config,

@@ -18,6 +18,7 @@ from rlanything.storage.artifacts import read_artifact, write_artifact
 from rlanything.storage.schemas import ADVANTAGES, JUDGMENTS
 from rlanything.tasks.common import FLIP_ADVANTAGE_ENV, model_path, open_run, step_task, weights_label
 from rlanything.tasks.unit_tests import score_with_unit_tests, unit_test_advantage_rows
+from rlanything.tasks.unit_tests import solutions as unit_test_solutions
 
 
 def steps_to_judge(steps: pd.DataFrame, episodes: pd.DataFrame, outcomes: pd.DataFrame) -> list[dict]:
@@ -143,7 +144,14 @@ def advantages(run_dir: str, iteration: int):
             decision.lam,
         )
     if config.rm.role == "unit_tests":
-        samples = unit_test_advantage_rows(config, layout, iteration, decision.lam)
+        samples = unit_test_advantage_rows(
+            unit_test_solutions(read_artifact(layout, iteration, "rollouts"), outcomes),
+            read_artifact(layout, iteration, "unit_tests"),
+            read_artifact(layout, iteration, "pass_matrix"),
+            lam=decision.lam,
+            band=config.algo.band,
+            policy_band=config.algo.policy_band,
+        )
     else:
         samples = compute_samples(
             trainable,

@@ -28,14 +28,15 @@ from rlanything.storage.schemas import ADVANTAGES, PASS_MATRIX, UNIT_TESTS
 from rlanything.tasks.common import model_path, weights_label
 
 
-def solutions(layout: RunLayout, iteration: int) -> pd.DataFrame:
-    """The trainable trajectories with their answer (the last step's action) and whether it
-    passes the ground truth: traj_id, task_id, answer, outcome, correct, test_fraction."""
-    steps, outcomes = read_artifact(layout, iteration, "rollouts"), read_artifact(layout, iteration, "outcomes")
+def solutions(steps: pd.DataFrame, outcomes: pd.DataFrame) -> pd.DataFrame:
+    """rollouts and outcomes rows -> the trainable trajectories with their answer (the last
+    step's action) and whether it passes the ground truth: traj_id, task_id, answer, outcome,
+    correct, test_fraction (ground-truth tests passed / run; 0 when none ran)."""
     trainable = outcomes[outcomes.valid & ~outcomes.pending]
     last = steps.sort_values("step_idx").groupby("traj_id").action.last()
     out = trainable[["traj_id", "task_id", "outcome", "tests_passed", "tests_total"]].copy()
-    out["answer"] = [a if isinstance(a, str) else None for a in out.traj_id.map(last)]
+    answers = [a if isinstance(a, str) else None for a in out.traj_id.map(last)]
+    out["answer"] = pd.Series(answers, index=out.index, dtype=object)  # None stays None, not NaN
     out["correct"] = out.outcome == 1
     total = out.tests_total.astype("float64")
     out["test_fraction"] = (out.tests_passed.astype("float64") / total.where(total > 0)).fillna(0.0)
@@ -44,7 +45,7 @@ def solutions(layout: RunLayout, iteration: int) -> pd.DataFrame:
 
 def score_with_unit_tests(config: Config, layout: RunLayout, iteration: int) -> tuple[list, dict]:
     """rm_score for rm.role unit_tests -> (written paths, metrics)."""
-    sols = solutions(layout, iteration)
+    sols = solutions(read_artifact(layout, iteration, "rollouts"), read_artifact(layout, iteration, "outcomes"))
     specs = read_buffer(layout.tasks_snapshot(iteration)).set_index("task_id").spec
     task_ids = list(dict.fromkeys(sols.task_id))  # tasks with a trainable solution, first-seen order
     problems = {t: load_problem(json.loads(specs[t])) for t in task_ids}
@@ -129,30 +130,25 @@ def unit_test_metrics(tests: pd.DataFrame, matrix: pd.DataFrame) -> dict[str, fl
     return metrics
 
 
-def unit_test_advantage_rows(config: Config, layout: RunLayout, iteration: int, lam: float) -> pd.DataFrame:
-    """advantages.parquet rows for rm.role unit_tests (policy rows first, then RM rows)."""
-    sols = solutions(layout, iteration)
-    tests = read_artifact(layout, iteration, "unit_tests")
-    matrix = read_artifact(layout, iteration, "pass_matrix")
+def unit_test_advantage_rows(
+    sols: pd.DataFrame, tests: pd.DataFrame, matrix: pd.DataFrame, *, lam: float, band: tuple, policy_band: tuple
+) -> pd.DataFrame:
+    """`solutions(...)`, unit_tests and pass_matrix rows -> advantages.parquet rows for rm.role
+    unit_tests (policy rows first, then RM rows): the frame glue around
+    `algo.coding.correct_test_pass_fraction` and `unit_test_samples`."""
     correct = tests.set_index(["task_id", "test_idx"]).correct
     generated = {}
     for task_id, rows in matrix.groupby("task_id"):
         table = rows.pivot(index="test_idx", columns="traj_id", values="passed").sort_index()
-        fraction = correct_test_pass_fraction(
-            table.to_numpy(bool), correct.loc[task_id].loc[table.index].to_numpy(bool)
-        )
-        generated.update(zip(table.columns, fraction))
+        is_correct = correct.loc[task_id].loc[table.index].to_numpy(bool)
+        generated.update(zip(table.columns, correct_test_pass_fraction(table.to_numpy(bool), is_correct)))
     cols = lambda frame, names: {n: frame[n].to_numpy() for n in names}  # noqa: E731
     trajectories = {
         **cols(sols, ("traj_id", "task_id", "outcome", "test_fraction")),
-        "generated_fraction": sols.traj_id.map(generated).fillna(0.0).to_numpy(),
+        "generated_fraction": sols.traj_id.map(generated).fillna(0.0).to_numpy(float),
     }
     policy, rm = unit_test_samples(
-        cols(tests, ("task_id", "test_idx", "reward")),
-        trajectories,
-        lam=lam,
-        band=config.algo.band,
-        policy_band=config.algo.policy_band,
+        cols(tests, ("task_id", "test_idx", "reward")), trajectories, lam=lam, band=band, policy_band=policy_band
     )
     if not len(policy["traj_id"]):
         return pd.DataFrame(columns=ADVANTAGES.names)
@@ -160,12 +156,10 @@ def unit_test_advantage_rows(config: Config, layout: RunLayout, iteration: int, 
     return pd.concat(frames, ignore_index=True)[ADVANTAGES.names]
 
 
-def failed_test_judgments(layout: RunLayout, iteration: int, steps: pd.DataFrame) -> pd.DataFrame:
+def failed_test_judgments(tests: pd.DataFrame, matrix: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """What the critic summary of task adaptation reads when the RM writes tests: for every
     solution, one -1 "judgment" of its last step per *correct* generated test it fails, the
     reasoning naming the test (`models.adaptation.failed_steps` reads the judgment columns)."""
-    tests = read_artifact(layout, iteration, "unit_tests")
-    matrix = read_artifact(layout, iteration, "pass_matrix")
     failed = matrix[~matrix.passed].merge(
         tests[tests.correct][["task_id", "test_idx", "test"]], on=["task_id", "test_idx"]
     )
