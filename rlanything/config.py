@@ -404,11 +404,12 @@ class EnvConfig(_Section):
     """Size of the initial task buffer (one slot per problem)."""
     max_steps: int = Field(1, ge=1)
     """Step cap of an episode; reaching it ends the episode as a failure."""
-    answer_fallback: Literal["none", "last_number", "first_word"] = "none"
+    answer_fallback: Literal["none", "last_number", "first_word", "code_block"] = "none"
     """How a response without a \\boxed{} is read: `none` (no action, the usual failure),
     `last_number` (its last number, action_status `last_number`), for small models that compute
-    but do not box yet (reasoning-gym arithmetic with SmolLM2-135M), or `first_word` (its first
-    word: one-word answers, e.g. kind first_letter with random-init models)."""
+    but do not box yet (reasoning-gym arithmetic with SmolLM2-135M), `first_word` (its first
+    word: one-word answers, e.g. kind first_letter with random-init models), or `code_block`
+    (its last ```python block: coding with models that fence code but do not box it)."""
     screenshots: bool = True
     """Keep a PNG of the screen after every step (environments with a screen: MiniWoB++,
     OSWorld) in iter_NNNN/screenshots/ and MLflow; the `screenshot` column of rollouts.parquet

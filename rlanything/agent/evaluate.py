@@ -9,7 +9,7 @@ accuracy, as in training.
 
 Per episode we record whether the answers came from a \boxed{}: `success` is the outcome with
 the environment's answer fallback (`env.answer_fallback`: an unboxed response read as its last
-number), `strict_success` the same outcome only where no step needed the fallback, and `boxed`
+number, first word or last code block), `strict_success` the same outcome only where no step needed the fallback, and `boxed`
 whether every step's answer was boxed. With `answer_fallback: none` the two successes agree.
 
 Held-out problems come from the environment's `heldout_specs` (see envs/heldout.py for how they
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlanything.agent.rollout import play
+from rlanything.algo.parsing import FALLBACKS
 from rlanything.envs.base import Environment, make_env, replayable
 from rlanything.envs.heldout import drop_trained, heldout_specs
 from rlanything.models.engine import GenerationEngine
@@ -129,7 +130,7 @@ def episode_row(split: str, kind: str, index: int, spec: dict, traj: dict, steps
         else:
             outcome = int(verdict)
     statuses = [s["action_status"] for s in steps]
-    fallback_steps = sum(s == "last_number" for s in statuses)
+    fallback_steps = sum(s in FALLBACKS for s in statuses)  # read by a fallback, not from a box
     success = valid and outcome == 1
     return {
         "split": split,

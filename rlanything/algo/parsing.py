@@ -128,6 +128,9 @@ def parse_boxed_answer(text: str) -> tuple[str | None, str]:
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_CODE_BLOCK = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.S)
+FALLBACKS = ("none", "last_number", "first_word", "code_block")
+"""`parse_answer`'s fallbacks; every one but "none" is also the action_status of what it read."""
 
 
 def parse_answer(text: str, fallback: str = "none") -> tuple[str | None, str]:
@@ -136,9 +139,12 @@ def parse_answer(text: str, fallback: str = "none") -> tuple[str | None, str]:
     compute but do not box (SmolLM2-135M gets the last number right about half the time and
     boxes almost never); the status keeps the two apart in rollouts.parquet. With
     ``fallback="first_word"`` it is read as its first whitespace-separated word (status
-    ``"first_word"``): one-word answers of models too small to box (the learning check).
+    ``"first_word"``): one-word answers of models too small to box (the learning check). With
+    ``fallback="code_block"`` it is read as the content of its last closed ```` ``` ```` (or
+    ```` ```python ````) block (status ``"code_block"``): SmolLM2-135M fences its code and
+    boxes 0 of 32 coding answers (measured).
 
-    text: str, fallback: "none" | "last_number" | "first_word" -> (str | None, str)
+    text: str, fallback: one of FALLBACKS -> (str | None, str)
 
     >>> parse_answer("0 - 4 is -4.", "last_number")
     ('-4', 'last_number')
@@ -148,8 +154,10 @@ def parse_answer(text: str, fallback: str = "none") -> tuple[str | None, str]:
     (None, 'no_box')
     >>> parse_answer("  apple pie", "first_word")
     ('apple', 'first_word')
+    >>> parse_answer("Here:\n```python\nprint(1)\n```\nDone.", "code_block")
+    ('print(1)\n', 'code_block')
     """
-    if fallback not in ("none", "last_number", "first_word"):
+    if fallback not in FALLBACKS:
         raise ValueError(f"unknown answer fallback {fallback!r}")
     answer, status = parse_boxed_answer(text)
     if status == "no_box" and fallback == "last_number":
@@ -160,4 +168,8 @@ def parse_answer(text: str, fallback: str = "none") -> tuple[str | None, str]:
         words = text.split()
         if words:
             return words[0], "first_word"
+    if status == "no_box" and fallback == "code_block":
+        blocks = [b for b in _CODE_BLOCK.findall(text) if b.strip()]
+        if blocks:
+            return blocks[-1], "code_block"
     return answer, status

@@ -67,6 +67,30 @@ def unit_test_request(problem: dict[str, Any]) -> str:
     )
 
 
+# One solved request per form, shown to the RM as an earlier chat turn (its problem is none of
+# ours). SmolLM2-135M wrote 0 parseable tests of 32 without it and 8 of 32 with it (measured,
+# 8 shipped problems x 4 samples, temperature 1).
+_EXAMPLE_PROBLEMS = {
+    "stdio": {"prompt": "Read an integer n from standard input and print n squared.", "tests": [{"input": ""}]},
+    "assert": {"prompt": 'def square(n):\n    """Return n * n."""\n', "tests": [], "prefix": "def square(n):"},
+}
+_EXAMPLE_REPLIES = {
+    "stdio": 'For n = 4 a correct program prints 16.\n\\boxed{{"input": "4\\n", "output": "16\\n"}}',
+    "assert": "square(4) is 4 * 4 = 16.\n\\boxed{assert square(4) == 16}",
+}
+
+
+def unit_test_example(style: str) -> tuple[str, str]:
+    """(request, reply): a solved request of the form `style` asks for.
+
+    >>> request, reply = unit_test_example("assert")
+    >>> parse_unit_test(reply, "assert")
+    ({'code': 'assert square(4) == 16'}, None)
+    """
+    problem = {"setup": "", "prefix": "", "reference": None, **_EXAMPLE_PROBLEMS[style]}
+    return unit_test_request(problem), _EXAMPLE_REPLIES[style]
+
+
 def parse_unit_test(text: str, style: str) -> tuple[dict | None, str | None]:
     """The RM's reply -> (test, None) or (None, why it is unparseable).
 

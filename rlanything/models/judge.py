@@ -90,7 +90,7 @@ def judge_steps(
 def write_unit_tests(
     engine: GenerationEngine,
     tokenizer,
-    requests: list[tuple[str, str]],
+    requests: list[tuple[str, str, tuple[str, str] | None]],
     *,
     tests_per_task: int,
     max_new_tokens: int,
@@ -99,10 +99,10 @@ def write_unit_tests(
     seed: int,
     prefix_cache: PrefixCache | None = None,
 ) -> list[dict]:
-    """rm.role unit_tests: K = `tests_per_task` sampled replies for each (task_id, request)
-    -> one row per (task, test_idx) with task_id, test_idx, prompt, response, prompt_ids,
+    """rm.role unit_tests: K = `tests_per_task` sampled replies for each (task_id, request,
+    example: a solved (request, reply) pair or None) -> one row per (task, test_idx) with task_id, test_idx, prompt, response, prompt_ids,
     response_ids, logprobs (parsing and running them is the environment's: envs.unit_tests)."""
-    prompts = [render(tokenizer, unit_test_messages(request)) for _, request in requests]
+    prompts = [render(tokenizer, unit_test_messages(request, example)) for _, request, example in requests]
     jobs = [(k, j) for k in range(len(requests)) for j in range(tests_per_task)]
     gens = engine.generate(
         [prompts[k][1] for k, _ in jobs],

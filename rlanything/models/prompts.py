@@ -54,10 +54,14 @@ def judge_messages(
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
-def unit_test_messages(request: str) -> list[dict]:
+def unit_test_messages(request: str, example: tuple[str, str] | None = None) -> list[dict]:
     """The RM asked for one unit test (rm.role unit_tests); `request` from
-    `envs.unit_tests.unit_test_request` (the problem and the test's form)."""
-    return [{"role": "system", "content": UNIT_TEST_SYSTEM}, {"role": "user", "content": request}]
+    `envs.unit_tests.unit_test_request` (the problem and the test's form), `example` a solved
+    (request, reply) pair shown first as a user and an assistant turn."""
+    messages = [{"role": "system", "content": UNIT_TEST_SYSTEM}]
+    if example is not None:
+        messages += [{"role": "user", "content": example[0]}, {"role": "assistant", "content": example[1]}]
+    return messages + [{"role": "user", "content": request}]
 
 
 def render(tokenizer, messages: list[dict]) -> tuple[str, list[int]]:

@@ -46,7 +46,8 @@ def summary_markdown(summary: pd.DataFrame, title: str, details: dict[str, str])
     lines += [
         "",
         "Accuracy counts an episode solved with the environment's answer fallback (an unboxed "
-        "response read as its last number); strict counts it only when no step needed the fallback. "
+        "response read as its last number, first word or last code block); strict counts it only when no "
+        "step needed the fallback. "
         "Format rate: episodes whose every answer was boxed. Intervals: Wilson score, 95%.",
     ]
     return "\n".join(lines) + "\n"

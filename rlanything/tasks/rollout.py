@@ -10,6 +10,7 @@ import pandas as pd
 
 from rlanything.agent.rollout import play
 from rlanything.algo.curriculum import success_rate
+from rlanything.algo.parsing import FALLBACKS
 from rlanything.envs import make_env, sandbox
 from rlanything.envs.verification import verify_episode
 from rlanything.models.engine import PrefixCache, make_engine
@@ -68,6 +69,7 @@ def rollout(run_dir: str, iteration: int):
         "rollout/steps": len(rows),
         "rollout/action_parse_rate": float((frame.action_status == "ok").mean()) if rows else 0.0,
         "rollout/last_number_rate": float((frame.action_status == "last_number").mean()) if rows else 0.0,
+        "rollout/fallback_rate": float(frame.action_status.isin(FALLBACKS).mean()) if rows else 0.0,
         "rollout/truncated_frac": float((frame.finish_reason == "length").mean()) if rows else 0.0,
         "tokens/policy_prompt": int(frame.prompt_tokens.sum()) if rows else 0,
         "tokens/policy_response": int(frame.response_tokens.sum()) if rows else 0,

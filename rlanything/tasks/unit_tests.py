@@ -16,7 +16,7 @@ import pandas as pd
 from rlanything.algo.coding import correct_test_pass_fraction, unit_test_samples, unit_test_scores
 from rlanything.config import Config
 from rlanything.envs.coding import load_problem
-from rlanything.envs.unit_tests import parse_unit_test, pass_matrix, style_of, unit_test_request
+from rlanything.envs.unit_tests import parse_unit_test, pass_matrix, style_of, unit_test_example, unit_test_request
 from rlanything.models.engine import PrefixCache, make_engine
 from rlanything.models.judge import write_unit_tests
 from rlanything.progress import progress
@@ -49,7 +49,7 @@ def score_with_unit_tests(config: Config, layout: RunLayout, iteration: int) -> 
     specs = read_buffer(layout.tasks_snapshot(iteration)).set_index("task_id").spec
     task_ids = list(dict.fromkeys(sols.task_id))  # tasks with a trainable solution, first-seen order
     problems = {t: load_problem(json.loads(specs[t])) for t in task_ids}
-    requests = [(t, unit_test_request(problems[t])) for t in task_ids]
+    requests = [(t, unit_test_request(problems[t]), unit_test_example(style_of(problems[t]))) for t in task_ids]
     rm = config.rm
     with progress(f"iter {iteration}: rm_score (unit tests)", len(requests) * rm.tests_per_task) as advance:
         engine, tokenizer = make_engine(

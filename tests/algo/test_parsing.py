@@ -169,3 +169,13 @@ def test_first_word_fallback_reads_the_first_word_only_without_a_box():
 def test_unknown_fallback_is_an_error():
     with pytest.raises(ValueError, match="unknown answer fallback"):
         parse_answer("7", "first_number")
+
+
+def test_code_block_fallback_reads_the_last_closed_fenced_block_without_a_box():
+    text = "First try:\n```python\nprint(1)\n```\nBetter:\n```\nprint(2)\n```\nDone."
+    assert parse_answer(text, "code_block") == ("print(2)\n", "code_block")
+    assert parse_answer("```py\nx = 1\nprint(x)\n```", "code_block") == ("x = 1\nprint(x)\n", "code_block")
+    assert parse_answer("```python\nprint(1)\n```\n\\boxed{print(3)}", "code_block") == ("print(3)", "ok")
+    assert parse_answer("```python\nprint(1)\n", "code_block") == (None, "no_box")  # never closed
+    assert parse_answer("```python\n\n```", "code_block") == (None, "no_box")  # empty
+    assert parse_answer("```python\nprint(1)\n```") == (None, "no_box")  # no fallback: no action

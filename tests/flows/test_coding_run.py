@@ -8,6 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from rlanything.envs.coding import load_problem
+from rlanything.envs.unit_tests import unit_test_example
 from rlanything.storage import schemas
 from rlanything.storage.buffer import read_buffer
 from rlanything.storage.layout import RunLayout
@@ -45,6 +46,8 @@ def test_unit_tests_and_pass_matrix_are_written_with_their_schemas(run):
     assert (tests.response_ids.map(len) == tests.logprobs.map(len)).all() and (tests.response_ids.map(len) > 0).all()
     assert all(f"## Problem\n{load_problem(json.loads(specs[t]))['prompt'].strip()}" in p
                for t, p in zip(tests.task_id, tests.prompt))  # fmt: skip
+    request, reply = unit_test_example("stdio")  # a solved request comes first
+    assert all(p.index(request) < p.index(reply) < p.rindex("## Problem") for p in tests.prompt)
     # a random-init RM writes no parseable test: each says why and earns the unparsed reward
     unparsed = tests[~tests.parsed]
     assert unparsed.parse_error.notna().all() and (unparsed.reward == -2).all() and unparsed.test.isna().all()
