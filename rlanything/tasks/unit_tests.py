@@ -112,16 +112,20 @@ def score_with_unit_tests(config: Config, layout: RunLayout, iteration: int) -> 
 
 
 def unit_test_metrics(tests: pd.DataFrame, matrix: pd.DataFrame) -> dict[str, float]:
-    """unit_tests/*: generated, parse_rate, correct_rate (of the parsed), incorrect_caught (mean
-    per parsed test), verdict_agreement (the share of solutions on which "passes every parsed
-    generated test" equals "passes the ground truth": the coding analogue of RM outcome accuracy)."""
-    parsed = tests[tests.parsed]
+    """unit_tests/*: generated, parse_rate, verdict_agreement (the share of solutions on which
+    "passes every parsed generated test" equals "passes the ground truth": the coding analogue of
+    RM outcome accuracy), and over the parsed tests of problems with a right solution (elsewhere
+    every test is "correct" by definition and catches whatever it fails, a vacuous number):
+    correct_rate, incorrect_caught (mean per test) and graded_tests (how many that is)."""
     metrics = {"unit_tests/generated": len(tests), "tokens/rm_response": int(tests.response_ids.map(len).sum())}
     if len(tests):
         metrics["unit_tests/parse_rate"] = float(tests.parsed.mean())
-    if len(parsed):
-        metrics["unit_tests/correct_rate"] = float(parsed.correct.mean())
-        metrics["unit_tests/incorrect_caught"] = float(parsed.incorrect_caught.mean())
+    graded_tasks = set(matrix[matrix.solution_correct].task_id)
+    graded = tests[tests.parsed & tests.task_id.isin(graded_tasks)]
+    metrics["unit_tests/graded_tests"] = len(graded)
+    if len(graded):
+        metrics["unit_tests/correct_rate"] = float(graded.correct.mean())
+        metrics["unit_tests/incorrect_caught"] = float(graded.incorrect_caught.mean())
     if len(matrix):
         verdicts = matrix.groupby(["task_id", "traj_id"]).agg(
             passes=("passed", "all"), truth=("solution_correct", "first")

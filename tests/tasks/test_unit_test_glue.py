@@ -87,6 +87,16 @@ def test_metrics_by_hand():
     # (agrees), a2 fails both (agrees), b3 passes (agrees) -> 3/4
     assert m["unit_tests/verdict_agreement"] == 0.75
     assert m["tokens/rm_response"] == 7
+    assert m["unit_tests/graded_tests"] == 3
+
+
+def test_tests_of_problems_without_a_right_solution_are_not_graded():
+    _, _, tests, matrix = frames()
+    matrix = matrix.assign(solution_correct=False)  # nobody solved anything: "correct" is vacuous
+    m = unit_test_metrics(tests, matrix)
+    assert m["unit_tests/graded_tests"] == 0
+    assert "unit_tests/correct_rate" not in m and "unit_tests/incorrect_caught" not in m
+    assert m["unit_tests/verdict_agreement"] == 0.75  # a0, a1, a2 fail a test (agree); b3 passes its test (not)
 
 
 def test_the_critic_reads_the_correct_tests_a_failed_solution_fails():
