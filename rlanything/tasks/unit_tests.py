@@ -120,7 +120,7 @@ def unit_test_metrics(tests: pd.DataFrame, matrix: pd.DataFrame) -> dict[str, fl
     metrics = {"unit_tests/generated": len(tests), "tokens/rm_response": int(tests.response_ids.map(len).sum())}
     if len(tests):
         metrics["unit_tests/parse_rate"] = float(tests.parsed.mean())
-    graded_tasks = set(matrix[matrix.solution_correct].task_id)
+    graded_tasks = set(matrix.task_id[matrix.solution_correct.astype(bool)])  # works on an empty frame too
     graded = tests[tests.parsed & tests.task_id.isin(graded_tasks)]
     metrics["unit_tests/graded_tests"] = len(graded)
     if len(graded):

@@ -106,3 +106,12 @@ def test_the_critic_reads_the_correct_tests_a_failed_solution_fails():
     items = failed_steps(outcomes[outcomes.task_id == "a"], judged[judged.task_id == "a"], steps, limit=4)
     assert [i["traj_id"] for i in items] == [1, 2]
     assert '{"input": "1\\n", "output": "1"}' in extractive_summary(items)
+
+
+def test_metrics_of_an_iteration_without_a_parsed_test():
+    from rlanything.storage.schemas import PASS_MATRIX
+
+    _, _, tests, _ = frames()
+    m = unit_test_metrics(tests.assign(parsed=False), pd.DataFrame([], columns=PASS_MATRIX.names))
+    assert m["unit_tests/parse_rate"] == 0.0 and m["unit_tests/graded_tests"] == 0
+    assert "unit_tests/verdict_agreement" not in m
