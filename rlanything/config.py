@@ -475,6 +475,10 @@ class RMGuardConfig(_Section):
 class AlgoConfig(_Section):
     lam: float = 1.0
     """λ in R = O + λ·mean_j S; 0 gives the outcome-only baseline."""
+    outcome_weight: float = Field(1.0, ge=0)
+    """w in the *policy's* reward R = w·O + λ·mean_j S (coding: w·tests passed + λ·generated
+    tests passed); 0 with λ > 0 is the paper's RM-signal-only arm. The RM's consistency reward
+    always uses R = O + λ·mean_j S, so the RM keeps learning from outcomes."""
     clip_eps: float = Field(0.2, gt=0)
     """PPO clip ε."""
     kl_beta: float = Field(0.01, ge=0)

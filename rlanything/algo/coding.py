@@ -126,6 +126,7 @@ def unit_test_samples(
     lam: float,
     band: tuple[float, float],
     policy_band: tuple[float, float],
+    outcome_weight: float = 1.0,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Policy and RM samples of one coding iteration with rm.role unit_tests (step 4).
 
@@ -135,7 +136,7 @@ def unit_test_samples(
     -> (policy, rm) like `algo.samples.select_samples` (step_idx 0; rm rows have traj_id -1
     and judge_idx = test_idx).
 
-    Policy: R = test_fraction + lam * generated_fraction, z-scored per task; kept in the policy
+    Policy: R = outcome_weight * test_fraction + lam * generated_fraction, z-scored per task; kept in the policy
     band when the advantage is not 0. RM: the task's test rewards z-scored by
     `unit_test_advantages`; kept in the RM band unless all K rewards are equal ("zero_std") or
     the advantage is 0.
@@ -151,7 +152,7 @@ def unit_test_samples(
     """
     task_all = np.asarray(trajectories["task_id"], dtype=object)
     accuracy = task_accuracy(np.asarray(trajectories["outcome"]), task_all)
-    reward = np.asarray(trajectories["test_fraction"], dtype=np.float64) + lam * np.asarray(
+    reward = outcome_weight * np.asarray(trajectories["test_fraction"], dtype=np.float64) + lam * np.asarray(
         trajectories["generated_fraction"], dtype=np.float64
     )
     step_idx = np.zeros(len(task_all), dtype=np.int64)

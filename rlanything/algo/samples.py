@@ -18,6 +18,8 @@ Where we depart from the paper / authors' code, and why:
   dropped too ("zero_advantage"): a sample without gradient must not count in the
   loss's per-sample mean, for the RM as for the policy.
 * The policy band and the RM band are separate parameters (the paper uses one band).
+* ``outcome_weight`` w scales O in the policy's reward only (R_pol = w*O + lam * mean_j S),
+  for the RM-signal-only ablation (w = 0); the RM's reward keeps R = O + lam * mean_j S.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def select_samples(
     lam: float,
     band: tuple[float, float],
     policy_band: tuple[float, float],
+    outcome_weight: float = 1.0,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Policy and RM samples of one iteration, with reward, advantage and whether each trains.
 
@@ -100,6 +103,16 @@ def select_samples(
     ([2.0, -1.0], [0.7071, -0.7071], [True, True])
     >>> rm["reward"].tolist(), rm["kept"].tolist(), rm["drop_reason"].tolist()
     ([2.0, 2.0, -1.0, 1.0], [False, False, True, True], ['zero_std', 'zero_std', None, None])
+
+    With outcome_weight 0 (RM signal only) the policy's rewards are the mean verdicts 1 and 0;
+    the RM's rewards are unchanged.
+    >>> pol, rm = select_samples(
+    ...     {"traj_id": np.array([0, 0, 1, 1]), "step_idx": np.zeros(4, int), "judge_idx": np.array([0, 1, 0, 1]),
+    ...      "step_score": np.array([1, 1, 1, -1]), "parsed": np.ones(4, bool)},
+    ...     {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1])},
+    ...     m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=0.0)
+    >>> pol["reward"].tolist(), rm["reward"].tolist()
+    ([1.0, 0.0], [2.0, 2.0, -1.0, 1.0])
     """
     keys, order = judgment_matrix(judgments["traj_id"], judgments["step_idx"], judgments["judge_idx"], m)
     score = np.asarray(judgments["step_score"], dtype=np.float64)[order]  # (N, m)
@@ -118,14 +131,15 @@ def select_samples(
     accuracy = task_accuracy(outcome_all, task_all)
     task_acc = np.array([accuracy[t] for t in task_ids], dtype=np.float64)
 
-    reward = integrated_reward(outcome, score, lam)  # (N,)
-    advantage = step_index_advantages(reward, task_ids, keys[:, 1])
+    reward = integrated_reward(outcome, score, lam)  # (N,): the paper's R, the RM's reward uses it
+    policy_reward = reward if outcome_weight == 1.0 else integrated_reward(outcome_weight * outcome, score, lam)
+    advantage = step_index_advantages(policy_reward, task_ids, keys[:, 1])
     policy_ok = np.asarray(in_band(task_acc, *policy_band), dtype=bool)
     policy = {
         "traj_id": keys[:, 0],
         "task_id": task_ids,
         "step_idx": keys[:, 1],
-        "reward": reward,
+        "reward": policy_reward,
         "advantage": advantage,
         "kept": policy_ok & (advantage != 0),  # exact: advantages decided zero are exactly 0.0
         "drop_reason": _reasons(~policy_ok, advantage == 0, "zero_advantage"),

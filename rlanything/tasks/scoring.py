@@ -85,7 +85,14 @@ def rm_score(run_dir: str, iteration: int):
 
 
 def compute_samples(
-    outcomes: pd.DataFrame, judgments: pd.DataFrame, *, m: int, lam: float, band: tuple, policy_band: tuple
+    outcomes: pd.DataFrame,
+    judgments: pd.DataFrame,
+    *,
+    m: int,
+    lam: float,
+    band: tuple,
+    policy_band: tuple,
+    outcome_weight: float = 1.0,
 ) -> pd.DataFrame:
     """advantages.parquet rows from the trainable trajectories' outcomes and their judgments:
     the frame glue around `algo.samples.select_samples` (policy rows first, then RM rows)."""
@@ -97,6 +104,7 @@ def compute_samples(
         lam=lam,
         band=band,
         policy_band=policy_band,
+        outcome_weight=outcome_weight,
     )
     if not len(policy["traj_id"]):
         return pd.DataFrame(columns=ADVANTAGES.names)
@@ -151,6 +159,7 @@ def advantages(run_dir: str, iteration: int):
             lam=decision.lam,
             band=config.algo.band,
             policy_band=config.algo.policy_band,
+            outcome_weight=config.algo.outcome_weight,
         )
     else:
         samples = compute_samples(
@@ -160,6 +169,7 @@ def advantages(run_dir: str, iteration: int):
             lam=decision.lam,
             band=config.algo.band,
             policy_band=config.algo.policy_band,
+            outcome_weight=config.algo.outcome_weight,
         )
     if os.environ.get(FLIP_ADVANTAGE_ENV) == "1":  # test-only fault: the learning test's negative control
         samples.loc[samples.kind == "policy", "advantage"] *= -1

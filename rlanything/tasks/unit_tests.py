@@ -135,7 +135,14 @@ def unit_test_metrics(tests: pd.DataFrame, matrix: pd.DataFrame) -> dict[str, fl
 
 
 def unit_test_advantage_rows(
-    sols: pd.DataFrame, tests: pd.DataFrame, matrix: pd.DataFrame, *, lam: float, band: tuple, policy_band: tuple
+    sols: pd.DataFrame,
+    tests: pd.DataFrame,
+    matrix: pd.DataFrame,
+    *,
+    lam: float,
+    band: tuple,
+    policy_band: tuple,
+    outcome_weight: float = 1.0,
 ) -> pd.DataFrame:
     """`solutions(...)`, unit_tests and pass_matrix rows -> advantages.parquet rows for rm.role
     unit_tests (policy rows first, then RM rows): the frame glue around
@@ -152,7 +159,12 @@ def unit_test_advantage_rows(
         "generated_fraction": sols.traj_id.map(generated).fillna(0.0).to_numpy(float),
     }
     policy, rm = unit_test_samples(
-        cols(tests, ("task_id", "test_idx", "reward")), trajectories, lam=lam, band=band, policy_band=policy_band
+        cols(tests, ("task_id", "test_idx", "reward")),
+        trajectories,
+        lam=lam,
+        band=band,
+        policy_band=policy_band,
+        outcome_weight=outcome_weight,
     )
     if not len(policy["traj_id"]):
         return pd.DataFrame(columns=ADVANTAGES.names)
