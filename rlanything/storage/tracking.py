@@ -90,6 +90,12 @@ def log_artifacts(uri: str, run_id: str, paths: list[Path], artifact_path: str |
             mlf.log_artifact(run_id, str(path), artifact_path=artifact_path)
 
 
+def set_tags(uri: str, run_id: str, tags: dict[str, str]) -> None:
+    mlf = client(uri)
+    for key, value in tags.items():
+        mlf.set_tag(run_id, key, value)
+
+
 def set_running(uri: str, run_id: str) -> None:
     """Mark a resumed run RUNNING again (a killed process leaves it RUNNING, a failed one FAILED)."""
     client(uri).update_run(run_id, status="RUNNING")

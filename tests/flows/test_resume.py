@@ -45,8 +45,13 @@ KILLS = [
 # ---------------------------------------------------------------- helpers
 
 
-def cli(args: list[str], api_url: str, fault: str | None = None) -> subprocess.Popen:
-    """`rlanything ARGS` in a subprocess, in its own process group."""
+def cli_command(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "rlanything.cli", *args]
+
+
+def cli_options(api_url: str, stdout=subprocess.PIPE, fault: str | None = None) -> dict:
+    """Popen keywords of a CLI subprocess: the session's Prefect server, INFO logs, unbuffered
+    output (every log line is out before a SIGKILL), its own process group."""
     env = {k: v for k, v in os.environ.items() if k != "RLANYTHING_FAULT"}
     env.update(
         PREFECT_API_URL=api_url,
@@ -54,18 +59,15 @@ def cli(args: list[str], api_url: str, fault: str | None = None) -> subprocess.P
         RLANYTHING_PROGRESS="0",
         COLUMNS="300",
         PYTHONUNBUFFERED="1",
-    )  # every log line is out before a SIGKILL
+    )
     if fault:
         env["RLANYTHING_FAULT"] = fault
-    return subprocess.Popen(
-        [sys.executable, "-m", "rlanything.cli", *args],
-        env=env,
-        cwd=REPO,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    return dict(env=env, cwd=REPO, text=True, stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def cli(args: list[str], api_url: str, fault: str | None = None) -> subprocess.Popen:
+    """`rlanything ARGS` in a subprocess, in its own process group."""
+    return subprocess.Popen(cli_command(args), **cli_options(api_url, fault=fault))
 
 
 def finish(proc: subprocess.Popen, timeout: float = 420) -> str:

@@ -1,0 +1,213 @@
+"""The ablation experiment: the paper's arms as normal runs, then one comparison.
+
+`rlanything experiment ablation -c CONFIG --seeds S (--iterations N | --budget-minutes M)`
+trains every arm of `ARMS` with seeds run.seed, run.seed+1, ... on the same config, each
+(arm, seed) a normal run `<run.root>/<name>-<arm>-s<seed>` (resumable with `rlanything resume`,
+one MLflow run, nested under the experiment's parent MLflow run and tagged with the experiment,
+arm and seed), held-out evaluation after every iteration (`eval.every` 1 unless the config sets
+it, and always after the last one) so the curves have points. Every arm turns the reward-hacking
+guard's fallback off (the paper has none; the alarm is still logged): a flagged iteration would
+otherwise make the +RM arm outcome-only and leave the RM-signal-only arm without a reward. The budget is equal for every arm: N iterations, or training
+until the sum of the steps' own times reaches M minutes (checked between iterations, from the
+recorded step times, so a resumed experiment decides exactly as an uninterrupted one). Both
+given: whichever comes first. The comparison (`reports.experiment`) is rewritten after every
+finished arm: partial results are readable while the rest runs.
+
+Resume: running the same command again (or Retry in the Prefect UI) skips arms marked finished
+(`arms/<run>.done`) and resumes the unfinished one at its failed step; a different spec
+(config, overrides, seeds, budget, arms) under the same experiment name is refused. One process
+at a time runs an experiment (its folder's lock).
+
+Departures from the paper: every arm runs the same number of iterations (or wall time), on a
+small model; the policy-only arm still runs its frozen RM so that the RM's accuracy is measured in
+every arm (it pays for that in a wall-time budget: use --iterations for equal updates). The
+starting model's held-out evaluation is the same in every arm of a seed (same model, same
+problems, greedy), so it runs once per seed and its files are copied to the other arms.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+
+from rlanything.config import Config, ConfigError, load_config
+from rlanything.flows.evaluation import BASE, eval_dir, eval_flow
+from rlanything.flows.runlock import run_lock
+from rlanything.flows.training import prepare_run, train_flow
+from rlanything.reports import experiment as report
+from rlanything.reports.eval import training_wall_time
+from rlanything.storage import tracking
+from rlanything.storage.layout import RunLayout
+from rlanything.storage.parquet import write_text
+
+
+@dataclass(frozen=True)
+class Arm:
+    label: str
+    overrides: tuple[str, ...]  # applied after the user's overrides
+
+
+# Every arm: the paper's loop has no reward-hacking fallback (the alarm is still logged).
+PAPER = ("algo.rm_guard.outcome_only_when_flagged=false",)
+# The paper's ablation (policy-only vs +RM vs +RM+env, and step signals from the RM alone).
+ARMS: dict[str, Arm] = {
+    "policy-only": Arm(
+        "policy only (outcome reward, λ = 0, RM frozen, no adaptation)",
+        ("algo.lam=0", "algo.outcome_weight=1", "rm.optim.frozen=true", "adapt.enabled=false", *PAPER),
+    ),
+    "plus-rm": Arm(
+        "+RM (λ = 1, RM trained, no adaptation)",
+        ("algo.lam=1", "algo.outcome_weight=1", "rm.optim.frozen=false", "adapt.enabled=false", *PAPER),
+    ),
+    "plus-rm-env": Arm(
+        "+RM+env (the full loop)",
+        ("algo.lam=1", "algo.outcome_weight=1", "rm.optim.frozen=false", "adapt.enabled=true", *PAPER),
+    ),
+    "rm-signal-only": Arm(
+        "RM signal only (policy reward λ·mean S, RM trained)",
+        ("algo.lam=1", "algo.outcome_weight=0", "rm.optim.frozen=false", "adapt.enabled=false", *PAPER),
+    ),
+}
+NAME = re.compile(r"[A-Za-z0-9._-]+")
+MAX_ITERATIONS = 10_000  # a wall-time budget alone: effectively unbounded
+EXPERIMENT_TAG, ARM_TAG, SEED_TAG = "rlanything.experiment", "rlanything.arm", "rlanything.seed"
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's UI nests a run under the run this tag names
+
+
+def experiment_dir(config: Config, name: str) -> Path:
+    return Path(config.run.root).resolve() / "experiments" / name
+
+
+def arm_overrides(overrides: list[str], config: Config, name: str, arm: str, seed: int) -> list[str]:
+    """The overrides of one (arm, seed) run: the user's, the arm's, its name and seed, and an
+    evaluation after every iteration unless the config asks for one."""
+    every = [] if config.eval.every else ["eval.every=1"]
+    return [*overrides, *ARMS[arm].overrides, f"run.name={name}-{arm}-s{seed}", f"run.seed={seed}", *every]
+
+
+def open_experiment(
+    config_path: str, name: str, overrides: list[str], seeds: int, iterations, budget_minutes, arms: list[str]
+) -> tuple[Config, list[int], Path]:
+    """Check the spec and write `experiment.json`, or refuse a different spec under the same
+    name (ConfigError). -> (the base config, the seeds, the experiment folder)."""
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise ConfigError(f"unknown arm(s) {unknown}; arms are {', '.join(ARMS)}")
+    if not NAME.fullmatch(name):
+        raise ConfigError(f"experiment name {name!r}: use letters, digits, '.', '_' and '-'")
+    base = load_config(config_path, overrides)
+    seed_list = [base.run.seed + k for k in range(seeds)]
+    folder = experiment_dir(base, name)
+    spec = {
+        "config": base.to_dict(),
+        "overrides": overrides,
+        "seeds": seed_list,
+        "iterations": iterations,
+        "budget_minutes": budget_minutes,
+        "arms": arms,
+    }
+    path = folder / "experiment.json"
+    if not path.exists():
+        write_text(json.dumps(spec, indent=2, sort_keys=True), path)
+    elif json.loads(path.read_text()) != json.loads(json.dumps(spec)):
+        raise ConfigError(
+            f"experiment {name!r} already exists in {folder} with a different config, seeds, "
+            "budget or arms; choose another --name, or run the same command to resume it"
+        )
+    return base, seed_list, folder
+
+
+def _train_arm(config_path: str, overrides: list[str], config: Config, iterations, budget_minutes) -> None:
+    """Train one (arm, seed) run to its budget: N iterations and/or M minutes of step time."""
+    limit = iterations or (MAX_ITERATIONS if budget_minutes else config.run.iterations)
+    if budget_minutes is None:
+        train_flow(config_path, overrides, limit)
+    else:
+        done = 0
+        while done < limit and training_wall_time(config.run_dir, done - 1) < budget_minutes * 60:
+            train_flow(config_path, overrides, done + 1)  # finished iterations are skipped
+            done += 1
+    last = max(i for i in range(limit) if RunLayout(config.run_dir).iteration_done(i).exists())
+    if not (eval_dir(config.run_dir, last) / "summary.json").exists():  # eval.every may skip it
+        eval_flow(f"{config.run_dir}@{last}")
+
+
+def _share_base_eval(source: Path | None, run_dir: Path) -> None:
+    """Copy the seed's first arm's evaluation of the starting model (identical in every arm)."""
+    target = eval_dir(run_dir, BASE)
+    if source and (source / "summary.json").exists() and not (target / "summary.json").exists():
+        shutil.copytree(source, target, dirs_exist_ok=True)
+
+
+def write_comparison(
+    folder: Path, name: str, runs: list[dict], arms: list[str], splits: list[str]
+) -> tuple[list[Path], dict[str, float]]:
+    """comparison.md, comparison.json and the figures from the runs so far; the table's numbers."""
+    import pandas as pd
+
+    frame = pd.DataFrame(runs, columns=["arm", "seed", "run_dir"])
+    training, heldout = report.collect(frame)
+    labels = {a: ARMS[a].label for a in arms}
+    table = report.comparison_table(labels, training, heldout, splits)
+    details = {
+        "runs": ", ".join(Path(r["run_dir"]).name for r in runs),
+        "spec": str(folder / "experiment.json"),
+    }
+    text = report.comparison_markdown(f"ablation {name}", details, table, heldout, splits)
+    write_text(text, folder / "comparison.md")
+    write_text(table.to_json(orient="records", indent=2), folder / "comparison.json")
+    figures = report.plot_figures(labels, training, heldout, splits, folder)
+    return [folder / "comparison.md", folder / "comparison.json", *figures], report.table_metrics(table, splits)
+
+
+@flow(name="rlanything-experiment", flow_run_name="ablation {name}")
+def ablation_flow(
+    config_path: str,
+    name: str,
+    overrides: list[str] | None = None,
+    seeds: int = 2,
+    iterations: int | None = None,
+    budget_minutes: float | None = None,
+    arms: list[str] | None = None,
+) -> dict:
+    """Train every arm with `seeds` seeds on an equal budget, then compare them."""
+    overrides, arms = list(overrides or []), list(arms or ARMS)
+    logger = get_run_logger()
+    with run_lock(experiment_dir(load_config(config_path, overrides), name)):
+        base, seed_list, folder = open_experiment(config_path, name, overrides, seeds, iterations, budget_minutes, arms)
+        uri = base.mlflow_uri
+        root = Path(base.run.root).resolve()
+        parent = tracking.get_or_create_run(uri, base.run.experiment, root / "mlartifacts", folder, f"ablation {name}")
+        tracking.set_tags(uri, parent, {EXPERIMENT_TAG: name})
+        tracking.set_running(uri, parent)
+        runs: list[dict] = []
+        try:
+            for seed in seed_list:
+                base_eval = None
+                for arm in arms:
+                    run_overrides = arm_overrides(overrides, base, name, arm, seed)
+                    config = load_config(config_path, run_overrides)
+                    runs.append({"arm": arm, "seed": seed, "run_dir": str(config.run_dir)})
+                    marker = folder / "arms" / f"{config.run.name}.done"
+                    if not marker.exists():
+                        logger.info("arm %s, seed %d: run %s", arm, seed, config.run_dir)
+                        _share_base_eval(base_eval, config.run_dir)
+                        layout = prepare_run(config)  # creates its MLflow run, to nest it before it starts
+                        tags = {PARENT_TAG: parent, EXPERIMENT_TAG: name, ARM_TAG: arm, SEED_TAG: str(seed)}
+                        tracking.set_tags(uri, layout.mlflow_run_id(), tags)
+                        _train_arm(config_path, run_overrides, config, iterations, budget_minutes)
+                        write_text("done\n", marker)
+                    base_eval = base_eval or eval_dir(config.run_dir, BASE)
+                    paths, metrics = write_comparison(folder, name, runs, arms, list(base.eval.splits))
+            tracking.log_metrics(uri, parent, metrics, step=0)
+            tracking.log_artifacts(uri, parent, paths, None)
+        except BaseException:
+            tracking.set_terminated(uri, parent, "FAILED")
+            raise
+        tracking.set_terminated(uri, parent, "FINISHED")
+    return {"folder": str(folder), "comparison": str(folder / "comparison.md"), "mlflow_run_id": parent, "runs": runs}

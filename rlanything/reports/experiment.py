@@ -1,0 +1,256 @@
+"""The comparison of an experiment's arms: a markdown table and the paper's figures, in shape.
+
+An experiment (`rlanything experiment ablation`) is a set of normal runs, one per (arm, seed).
+This module reads what those runs wrote, and nothing else: each iteration's
+`iter_NNNN/summary.json` (training metrics, step times) and each held-out evaluation's
+`eval/*/summary.json` (`reports.eval.eval_history`). Prefect-free, like every report.
+
+Numbers in the table, per arm:
+- held-out accuracy per split at each run's *last evaluated iteration*, seeds pooled: successes
+  and n summed over the seeds, one 95% Wilson interval over the pool (it treats the seeds'
+  problems as independent draws; each seed's own value is in the per-seed table below it);
+- the RM's outcome accuracy and AUROC (and process accuracy, where the environment labels
+  steps) on the last iteration's training rollouts, the mean over seeds, and on the held-out
+  episodes where the evaluation judged them;
+- accepted tasks: `adapt/accepted_total` at the last iteration, mean over seeds.
+
+Plots (bare `Figure`s, Agg): held-out accuracy against iteration and against training wall time,
+integrated vs outcome-only (training-batch and held-out accuracy of the arms that differ only in
+the policy's reward), the RM's accuracy over iterations and accepted tasks over iterations. Every
+point is a measurement of one run; nothing is smoothed or averaged in the curves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from rlanything.algo.metrics import wilson_interval
+from rlanything.reports.eval import eval_history, pct
+
+# Training metrics the comparison reads from iter_NNNN/summary.json (absent ones stay NaN).
+TRAINING_METRICS = (
+    "accuracy",
+    "rm/outcome_accuracy",
+    "rm/outcome_auroc",
+    "rm/process_accuracy",
+    "adapt/accepted_total",
+)
+FIGURES = ("heldout_vs_iteration", "heldout_vs_wall_time", "integrated_vs_outcome", "rm_accuracy", "accepted_tasks")
+
+
+def iteration_history(run_dir: Path) -> pd.DataFrame:
+    """One row per finished iteration of a run: `iteration`, `wall_time_s` (training time up to
+    its end: the steps' own times, as `reports.eval.training_wall_time`) and `TRAINING_METRICS`."""
+    rows, wall = [], 0.0
+    paths = sorted(Path(run_dir).glob("iter_*/summary.json"))
+    for path in paths:
+        record = json.loads(path.read_text())
+        wall += sum(v for k, v in record.items() if k.startswith("time/") and k.endswith("_s"))
+        row = {"iteration": int(record["iteration"]), "wall_time_s": wall}
+        rows.append(row | {k: float(record.get(k, math.nan)) for k in TRAINING_METRICS})
+    return pd.DataFrame(rows, columns=["iteration", "wall_time_s", *TRAINING_METRICS])
+
+
+def collect(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`runs` (arm, seed, run_dir) -> (training, heldout): the runs' iteration histories and
+    evaluation histories, each row tagged with its arm and seed."""
+    training, heldout = [], []
+    for run in runs.itertuples():
+        tag = {"arm": run.arm, "seed": int(run.seed)}
+        training.append(iteration_history(Path(run.run_dir)).assign(**tag))
+        history = eval_history(Path(run.run_dir))
+        if len(history):
+            heldout.append(history.assign(**tag))
+    cat = lambda frames: pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()  # noqa: E731
+    return cat(training), cat(heldout)
+
+
+def pooled_accuracy(last: pd.DataFrame, column: str = "strict_accuracy") -> dict[str, float]:
+    """Seeds pooled: `last` has one row per seed (n, and the rate in `column`) -> successes, n,
+    rate and its 95% Wilson interval over the pool.
+
+    >>> frame = pd.DataFrame({"n": [10, 10], "strict_accuracy": [0.5, 0.7]})
+    >>> {k: round(v, 4) for k, v in pooled_accuracy(frame).items()}
+    {'successes': 12, 'n': 20, 'rate': 0.6, 'ci_low': 0.3866, 'ci_high': 0.7812}
+    """
+    n = int(last.n.sum())
+    successes = int(round(float((last[column] * last.n).sum())))
+    low, high = wilson_interval(successes, n)
+    return {"successes": successes, "n": n, "rate": successes / n if n else math.nan, "ci_low": low, "ci_high": high}
+
+
+def _last_eval(heldout: pd.DataFrame) -> pd.DataFrame:
+    """Each (arm, seed, split)'s row of its newest evaluated iteration."""
+    if heldout.empty:
+        return heldout
+    newest = heldout.groupby(["arm", "seed"]).iteration.transform("max")
+    return heldout[heldout.iteration == newest]
+
+
+def comparison_table(
+    arms: dict[str, str], training: pd.DataFrame, heldout: pd.DataFrame, splits: list[str]
+) -> pd.DataFrame:
+    """One row per arm (in `arms` order; `arms`: name -> label) with the numbers of the module
+    docstring; `strict_<split>`, `accuracy_<split>` are pooled dicts (`pooled_accuracy`)."""
+    last = _last_eval(heldout)
+    rows = []
+    for arm, label in arms.items():
+        train = training[training.arm == arm] if len(training) else training
+        final = train[train.iteration == train.groupby("seed").iteration.transform("max")] if len(train) else train
+        row = {"arm": arm, "label": label, "seeds": int(final.seed.nunique()) if len(final) else 0}
+        row["iterations"] = int(final.iteration.max() + 1) if len(final) else 0
+        row["training_min"] = float(final.wall_time_s.mean() / 60) if len(final) else math.nan
+        for split in splits:
+            rows_split = last[(last.arm == arm) & (last.split == split)] if len(last) else last
+            for column in ("strict_accuracy", "accuracy"):
+                key = f"{column.split('_')[0]}_{split}"
+                row[key] = pooled_accuracy(rows_split, column) if len(rows_split) else None
+            for column in ("rm_outcome_accuracy", "rm_outcome_auroc"):
+                values = rows_split[column] if len(rows_split) and column in rows_split else pd.Series(dtype=float)
+                row[f"heldout_{column}_{split}"] = float(values.mean()) if values.notna().any() else math.nan
+        for metric in TRAINING_METRICS[1:]:
+            values = final[metric] if len(final) else pd.Series(dtype=float)
+            row[metric] = float(values.mean()) if values.notna().any() else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _ci(pool: dict | None) -> str:
+    if not pool:
+        return "n/a"
+    return f"{pct(pool['rate'])} [{pct(pool['ci_low'])}, {pct(pool['ci_high'])}] (n={pool['n']})"
+
+
+def _num(value: float, digits: int = 2) -> str:
+    return "n/a" if value is None or value != value else f"{value:.{digits}f}"
+
+
+def comparison_markdown(
+    title: str, details: dict[str, str], table: pd.DataFrame, heldout: pd.DataFrame, splits: list[str]
+) -> str:
+    """comparison.md: the main table, then every seed's last held-out evaluation."""
+    lines = [f"# {title}", "", *[f"- {k}: {v}" for k, v in details.items()], ""]
+    head = ["arm", "seeds", "iterations", "training min"]
+    head += [f"held-out {s} strict [95% CI]" for s in splits] + [f"held-out {s} with fallback" for s in splits]
+    head += ["RM outcome acc (train)", "RM outcome AUROC (train)", "RM process acc (train)"]
+    head += [f"RM outcome acc (held-out {s})" for s in splits] + ["accepted tasks"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in table.to_dict("records"):
+        cells = [r["label"], str(r["seeds"]), str(r["iterations"]), _num(r["training_min"], 1)]
+        cells += [_ci(r[f"strict_{s}"]) for s in splits] + [_ci(r[f"accuracy_{s}"]) for s in splits]
+        cells += [_num(r["rm/outcome_accuracy"]), _num(r["rm/outcome_auroc"]), _num(r["rm/process_accuracy"])]
+        cells += [_num(r[f"heldout_rm_outcome_accuracy_{s}"]) for s in splits]
+        cells += [_num(r["adapt/accepted_total"], 1)]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Held-out: greedy, each run's last evaluated iteration; seeds pooled (successes and n summed, "
+        "one Wilson interval). RM numbers: the last training iteration's rollouts (mean over seeds), "
+        "and the held-out episodes where the evaluation judged them. n/a: not measured (an environment "
+        "without step labels has no process accuracy).",
+        "",
+        "## Every seed",
+        "",
+        "| arm | seed | iteration | split | strict [95% CI] | with fallback [95% CI] | n |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    last = _last_eval(heldout)
+    if len(last):
+        order = {arm: i for i, arm in enumerate(table.arm)}
+        last = last.assign(order=last.arm.map(order)).sort_values(["order", "seed", "split"])
+    for r in last.itertuples() if len(last) else []:
+        strict = f"{pct(r.strict_accuracy)} [{pct(r.strict_ci_low)}, {pct(r.strict_ci_high)}]"
+        lines.append(
+            f"| {r.arm} | {r.seed} | {r.iteration} | {r.split} | {strict} | "
+            f"{pct(r.accuracy)} [{pct(r.ci_low)}, {pct(r.ci_high)}] | {int(r.n)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _lines(ax, frame: pd.DataFrame, x: str, y: str, arms: dict[str, str], scale: float = 1.0) -> None:
+    """One line per (arm, seed), arms in `arms` order: colour by arm, marker by seed; the arm's
+    label once. Identical runs draw on top of each other."""
+    markers = "os^vD<>"
+    for i, (arm, label) in enumerate(arms.items()):
+        for k, (seed, rows) in enumerate(frame[frame.arm == arm].groupby("seed", sort=True)):
+            rows = rows.sort_values(x)
+            if rows[y].notna().any():
+                marker = markers[int(seed) % len(markers)]
+                ax.plot(rows[x] * scale, rows[y], color=f"C{i}", marker=marker, label=None if k else label)
+    if x == "iteration":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+
+
+def plot_figures(
+    arms: dict[str, str], training: pd.DataFrame, heldout: pd.DataFrame, splits: list[str], out_dir: Path
+) -> list[Path]:
+    """The five PNGs of `FIGURES` in `out_dir`; returns their paths."""
+    paths = []
+    strict = heldout[heldout.split.isin(splits)] if len(heldout) else heldout
+
+    def save(fig: Figure, name: str) -> None:
+        for ax in fig.axes:
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+        paths.append(out_dir / f"{name}.png")
+        fig.savefig(paths[-1], dpi=80)
+
+    for name, x, scale, xlabel in (
+        ("heldout_vs_iteration", "iteration", 1.0, "iteration (-1: the starting model)"),
+        ("heldout_vs_wall_time", "wall_time_s", 1 / 60, "training wall time (min)"),
+    ):
+        fig = Figure(figsize=(6 * max(1, len(splits)), 4.2), layout="constrained")
+        for ax, split in zip(fig.subplots(1, max(1, len(splits)), squeeze=False)[0], splits):
+            if len(strict):
+                _lines(ax, strict[strict.split == split], x, "strict_accuracy", arms, scale)
+            ax.set(title=f"{split}: strict held-out accuracy (greedy)", xlabel=xlabel, ylim=(-0.02, 1.02))
+        save(fig, name)
+
+    outcome_arms = {a: arms[a] for a in arms if a != "plus-rm-env"}  # the arms that differ in the reward only
+    fig = Figure(figsize=(12, 4.2), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    if len(training):
+        _lines(left, training[training.arm.isin(list(outcome_arms))], "iteration", "accuracy", outcome_arms)
+    if len(strict) and splits:
+        rows = strict[(strict.split == splits[0]) & strict.arm.isin(list(outcome_arms))]
+        _lines(right, rows, "iteration", "strict_accuracy", outcome_arms)
+    left.set(title="training-batch accuracy (sampled)", xlabel="iteration", ylim=(-0.02, 1.02))
+    right.set(title=f"held-out {splits[0] if splits else ''} strict accuracy", xlabel="iteration", ylim=(-0.02, 1.02))
+    save(fig, "integrated_vs_outcome")
+
+    fig = Figure(figsize=(15, 4.2), layout="constrained")
+    for ax, metric in zip(fig.subplots(1, 3), ("rm/outcome_accuracy", "rm/outcome_auroc", "rm/process_accuracy")):
+        if len(training):
+            _lines(ax, training, "iteration", metric, arms)
+        ax.set(title=f"{metric} (training rollouts)", xlabel="iteration", ylim=(-0.02, 1.02))
+        if not len(training) or training[metric].isna().all():
+            ax.text(0.5, 0.5, "not measured", ha="center", transform=ax.transAxes)
+    save(fig, "rm_accuracy")
+
+    fig = Figure(figsize=(6, 4.2), layout="constrained")
+    ax = fig.subplots()
+    if len(training):
+        _lines(ax, training, "iteration", "adapt/accepted_total", arms)
+    ax.set(title="accepted (rewritten) tasks, cumulative", xlabel="iteration")
+    save(fig, "accepted_tasks")
+    return paths
+
+
+def table_metrics(table: pd.DataFrame, splits: list[str]) -> dict[str, float]:
+    """Flat numbers for the MLflow parent run: `<arm>/heldout_<split>_strict` and the RM numbers."""
+    out = {}
+    for r in table.to_dict("records"):
+        for split in splits:
+            if r[f"strict_{split}"]:
+                out[f"{r['arm']}/heldout_{split}_strict"] = r[f"strict_{split}"]["rate"]
+        for metric in TRAINING_METRICS[1:]:
+            out[f"{r['arm']}/{metric.replace('/', '_')}"] = r[metric]
+    return {k: v for k, v in out.items() if v == v and not np.isinf(v)}

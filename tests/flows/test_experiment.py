@@ -1,0 +1,103 @@
+"""`rlanything experiment ablation` end to end: four arms of one tiny iteration each through the
+real CLI, Prefect and MLflow, killed with SIGKILL after the first arm and run again.
+
+What must hold: the second process does not retrain the finished arm (its files keep their
+modification times and it is not started again), every arm ends as a normal run with its arm's
+config, the comparison table and the five figures exist, the MLflow parent run holds them and
+the arms' runs are nested under it, and a different spec under the same name is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+from mlflow.tracking import MlflowClient
+from test_resume import TINY, cli, cli_command, cli_options, finish  # helpers of the resume tests
+
+from rlanything.flows.experiment import ARMS, PARENT_TAG
+from rlanything.reports.experiment import FIGURES
+from rlanything.storage.layout import RunLayout
+
+NAME = "abl"
+
+
+def _args(root: Path, small_overrides: list[str], seeds: int = 1) -> list[str]:
+    sets = [f"run.root={root}", "eval.problems=2", *small_overrides]
+    return [
+        "experiment",
+        "ablation",
+        "-c",
+        TINY,
+        "--seeds",
+        str(seeds),
+        "-n",
+        "1",
+        "--name",
+        NAME,
+        *[a for s in sets for a in ("--set", s)],
+    ]
+
+
+def _wait_for(path: Path, proc, timeout: float = 400) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the experiment ended before {path} appeared"
+        assert time.monotonic() < deadline, f"{path} did not appear in {timeout} s"
+        time.sleep(0.2)
+
+
+def test_ablation_killed_after_an_arm_resumes_and_compares(prefect_api_url, small_overrides, tmp_path):
+    folder = tmp_path / "experiments" / NAME
+    first, second = (f"{NAME}-{arm}-s0" for arm in list(ARMS)[:2])
+    with open(tmp_path / "first.log", "w") as log:  # a file, not a pipe nobody reads: no blocked writes
+        proc = subprocess.Popen(cli_command(_args(tmp_path, small_overrides)), **cli_options(prefect_api_url, log))
+        _wait_for(folder / "arms" / f"{first}.done", proc)
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole process group, while the second arm runs
+        proc.wait()
+    assert not (folder / "arms" / f"{second}.done").exists()
+    kept = [RunLayout(tmp_path / first).iteration_done(0), tmp_path / first / "eval" / "iter_0000" / "summary.json"]
+    mtimes = [p.stat().st_mtime_ns for p in kept]
+
+    out = finish(cli(_args(tmp_path, small_overrides), prefect_api_url), timeout=900)
+    assert "comparison, figures:" in out, out[-3000:]
+    assert [p.stat().st_mtime_ns for p in kept] == mtimes  # the finished arm was not redone
+    assert f"arm {list(ARMS)[0]}, seed 0" not in out and f"arm {list(ARMS)[1]}, seed 0" in out
+
+    for arm, spec in ARMS.items():  # each arm is a normal run with its arm's settings
+        config = yaml.safe_load((tmp_path / f"{NAME}-{arm}-s0" / "config.yaml").read_text())
+        for override in spec.overrides:
+            key, value = override.split("=")
+            node = config
+            for part in key.split("."):
+                node = node[part]
+            assert node == yaml.safe_load(value), (arm, key)
+        assert (tmp_path / f"{NAME}-{arm}-s0" / "eval" / "iter_0000" / "summary.json").exists()
+        assert (tmp_path / f"{NAME}-{arm}-s0" / "eval" / "base" / "summary.json").exists()
+
+    table = (folder / "comparison.md").read_text()
+    for spec in ARMS.values():
+        assert f"| {spec.label} | 1 | 1 |" in table
+    records = json.loads((folder / "comparison.json").read_text())
+    assert [r["arm"] for r in records] == list(ARMS)
+    assert all(r["strict_in_domain"]["n"] == 2 and r["strict_ood"]["n"] == 2 for r in records)
+    for figure in FIGURES:
+        assert (folder / f"{figure}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    mlf = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = mlf.search_runs([e.experiment_id for e in mlf.search_experiments()])
+    parent = next(r for r in runs if r.info.run_name == f"ablation {NAME}")
+    children = [r for r in runs if r.data.tags.get(PARENT_TAG) == parent.info.run_id]
+    assert sorted(r.data.tags["rlanything.arm"] for r in children) == sorted(ARMS)
+    assert parent.info.status == "FINISHED"
+    logged = {a.path for a in mlf.list_artifacts(parent.info.run_id)}
+    assert {"comparison.md", *(f"{f}.png" for f in FIGURES)} <= logged
+    assert parent.data.metrics  # the table's numbers
+
+    refused = finish(cli(_args(tmp_path, small_overrides, seeds=2), prefect_api_url), timeout=300)
+    assert "already exists" in refused and "different config, seeds" in refused, refused[-2000:]

@@ -1,0 +1,109 @@
+"""The ablation's comparison from hand-written run folders: every number by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from rlanything.reports import experiment as report
+
+ARMS = {"policy-only": "policy only", "plus-rm": "+RM"}
+
+
+def _split(split: str, n: int, strict: float, accuracy: float, rm_acc: float | None = None) -> dict:
+    row = {
+        "split": split,
+        "env_kind": "reasoning_gym",
+        "n": n,
+        "accuracy": accuracy,
+        "ci_low": 0.0,
+        "ci_high": 1.0,
+        "strict_accuracy": strict,
+        "strict_ci_low": 0.0,
+        "strict_ci_high": 1.0,
+    }
+    return row | ({"rm_outcome_accuracy": rm_acc} if rm_acc is not None else {})
+
+
+def _run(root: Path, name: str, iterations: list[dict], evals: dict[str, tuple[int, float, list[dict]]]) -> Path:
+    run = root / name
+    for i, metrics in enumerate(iterations):
+        (run / f"iter_{i:04d}").mkdir(parents=True)
+        record = {"iteration": i, "time/rollout_s": 60.0, "time/rm_score_s": 30.0, **metrics}
+        (run / f"iter_{i:04d}" / "summary.json").write_text(json.dumps(record))
+    for folder, (iteration, wall, splits) in evals.items():
+        (run / "eval" / folder).mkdir(parents=True)
+        record = {"iteration": iteration, "wall_time_s": wall, "splits": splits}
+        (run / "eval" / folder / "summary.json").write_text(json.dumps(record))
+    return run
+
+
+@pytest.fixture
+def runs(tmp_path) -> pd.DataFrame:
+    rows = []
+    # policy-only: seeds 0, 1; no RM accuracy on held-out episodes; no adaptation
+    for seed, (strict, rm_acc) in enumerate([(0.2, 0.4), (0.4, 0.6)]):
+        its = [{"accuracy": 0.5, "rm/outcome_accuracy": 0.5}, {"accuracy": 0.6, "rm/outcome_accuracy": rm_acc}]
+        evals = {"base": (-1, 0.0, [_split("in_domain", 10, 0.1, 0.3)]), "iter_0001": (1, 180.0, [])}
+        evals["iter_0001"] = (1, 180.0, [_split("in_domain", 10, strict, strict + 0.1)])
+        run = _run(tmp_path, f"po-s{seed}", its, evals)
+        rows.append({"arm": "policy-only", "seed": seed, "run_dir": str(run)})
+    # +RM: seeds 0, 1 with accepted tasks, AUROC and the RM judged on held-out episodes
+    for seed, (strict, rm_acc, accepted, heldout_rm) in enumerate([(0.5, 0.6, 2, 0.5), (0.7, 0.8, 4, 0.75)]):
+        its = [
+            {"accuracy": 0.5, "rm/outcome_accuracy": 0.5, "adapt/accepted_total": 1},
+            {"accuracy": 0.7, "rm/outcome_accuracy": rm_acc, "rm/outcome_auroc": 0.9, "adapt/accepted_total": accepted},
+        ]
+        evals = {"iter_0001": (1, 180.0, [_split("in_domain", 10, strict, strict, heldout_rm)])}
+        run = _run(tmp_path, f"rm-s{seed}", its, evals)
+        rows.append({"arm": "plus-rm", "seed": seed, "run_dir": str(run)})
+    return pd.DataFrame(rows)
+
+
+def test_iteration_history_sums_step_times(runs):
+    history = report.iteration_history(Path(runs.run_dir[2]))
+    assert history.wall_time_s.tolist() == [90.0, 180.0]  # 60 + 30 per iteration, cumulative
+    assert history["adapt/accepted_total"].tolist() == [1.0, 2.0]
+    assert math.isnan(history["rm/process_accuracy"][0])  # not measured: NaN, not 0
+
+
+def test_comparison_table_by_hand(runs):
+    training, heldout = report.collect(runs)
+    table = report.comparison_table(ARMS, training, heldout, ["in_domain"]).set_index("arm")
+    po, rm = table.loc["policy-only"], table.loc["plus-rm"]
+    assert (po.seeds, po.iterations, po.training_min) == (2, 2, 3.0)
+    # last evaluation, seeds pooled: (2 + 4) of 20 strict, (3 + 5) of 20 with fallback
+    assert (po.strict_in_domain["successes"], po.strict_in_domain["n"]) == (6, 20)
+    assert po.accuracy_in_domain["successes"] == 8
+    # +RM: 5 + 7 = 12 of 20 -> 0.6, Wilson 95% [0.3866, 0.7812] (z = 1.96)
+    assert rm.strict_in_domain["rate"] == 0.6
+    assert round(rm.strict_in_domain["ci_low"], 4) == 0.3866 and round(rm.strict_in_domain["ci_high"], 4) == 0.7812
+    assert po["rm/outcome_accuracy"] == pytest.approx(0.5)  # (0.4 + 0.6) / 2 at the last iteration
+    assert rm["rm/outcome_accuracy"] == pytest.approx(0.7) and rm["rm/outcome_auroc"] == pytest.approx(0.9)
+    assert rm["adapt/accepted_total"] == 3.0 and math.isnan(po["adapt/accepted_total"])
+    assert rm["heldout_rm_outcome_accuracy_in_domain"] == pytest.approx(0.625)
+    assert math.isnan(po["heldout_rm_outcome_accuracy_in_domain"]) and math.isnan(rm["rm/process_accuracy"])
+
+    text = report.comparison_markdown("ablation t", {}, table.reset_index(), heldout, ["in_domain"])
+    assert "| +RM | 2 | 2 | 3.0 | 60.0% [38.7%, 78.1%] (n=20) |" in text
+    assert "| 0.70 | 0.90 | n/a |" in text  # RM outcome acc, AUROC, process acc (not measured)
+    seeds = [line for line in text.splitlines() if line.startswith("| policy-only |") or line.startswith("| plus-rm |")]
+    assert [line.split(" | ")[:3] for line in seeds][:2] == [["| policy-only", "0", "1"], ["| policy-only", "1", "1"]]
+    metrics = report.table_metrics(table.reset_index(), ["in_domain"])
+    assert metrics["plus-rm/heldout_in_domain_strict"] == 0.6 and "policy-only/adapt_accepted_total" not in metrics
+
+
+def test_figures_are_written(runs, tmp_path):
+    training, heldout = report.collect(runs)
+    paths = report.plot_figures(ARMS, training, heldout, ["in_domain"], tmp_path)
+    assert [p.name for p in paths] == [f"{name}.png" for name in report.FIGURES]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+
+
+def test_pooled_accuracy_of_nothing_is_nan():
+    pool = report.pooled_accuracy(pd.DataFrame({"n": [0], "strict_accuracy": [math.nan]}))
+    assert pool["n"] == 0 and math.isnan(pool["rate"]) and math.isnan(pool["ci_low"])
