@@ -1,8 +1,10 @@
-"""`rlanything train|resume|eval|tasks|serve|server|config|prepare`: the command line."""
+"""`rlanything train|resume|eval|experiment|tasks|serve|server|config|prepare`: the command line."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -81,9 +83,10 @@ def _run(config_path: Path, overrides: list[str], iterations: int | None) -> Non
         config = load_config(config_path, overrides)  # fail fast, before Prefect starts
     except ConfigError as err:
         _fail(str(err))
-    from rlanything.flows.runlock import RunBusyError, run_lock
+    from rlanything.flows.runlock import run_lock
 
-    try:
+    fix = f"Fix the cause, then `rlanything resume {config.run_dir}`: finished steps are not redone."
+    with _reported("the run stopped", fix):
         # Taken here, before the flow starts, so a second process exits without creating a flow
         # run; the flow takes it again (re-entrant) for deployments and Retry.
         with run_lock(config.run_dir):
@@ -91,17 +94,23 @@ def _run(config_path: Path, overrides: list[str], iterations: int | None) -> Non
 
             _guard_prefect_server()
             result = train_flow(str(config_path), overrides, iterations)
+    _summary(result)
+
+
+@contextmanager
+def _reported(stopped: str, fix: str) -> Iterator[None]:
+    """Exit codes for what a flow raises: busy (3), a config error (2), anything else (1, with
+    the way to continue)."""
+    from rlanything.flows.runlock import RunBusyError
+
+    try:
+        yield
     except RunBusyError as err:
         _fail(str(err), EXIT_BUSY)
     except ConfigError as err:
         _fail(str(err))
     except Exception as err:
-        _fail(
-            f"the run stopped: {type(err).__name__}: {err}\n"
-            f"Fix the cause, then `rlanything resume {config.run_dir}`: finished steps are not redone.",
-            EXIT_FAILED,
-        )
-    _summary(result)
+        _fail(f"{stopped}: {type(err).__name__}: {err}\n{fix}", EXIT_FAILED)
 
 
 @app.command(epilog="Example: rlanything train -c configs/tiny.yaml --set algo.lam=0 --set run.name=outcome-only")
@@ -202,7 +211,10 @@ def evaluate(
     Examples: `rlanything eval runs/smollm2-arith@9 --problems 64`, or for a base model
     `rlanything eval builtin:smollm2-135m-instruct -c configs/smollm2-arith.yaml`. Writes
     episodes.parquet, summary.md and eval.png under <run>/eval/iter_NNNN/ (a model:
-    <run.root>/eval/<model>/) and logs them to MLflow."""
+    <run.root>/eval/<model>/) and logs them to MLflow. The RM of the same checkpoint (for @base
+    or a model: the config's rm model) judges every step of the episodes as in training
+    (judgments.parquet) and the table adds how well it predicts their outcomes: outcome accuracy
+    and AUROC per episode, step accuracy, score gap, parse rate; `--set eval.rm=false` skips it."""
     from rlanything.flows.evaluation import EvalTargetError, eval_flow, resolve_target
 
     if split not in ("in_domain", "ood", "all"):
@@ -218,7 +230,19 @@ def evaluate(
     from rlanything.reports.eval import ci_text, pct
 
     table = Table(title=f"rlanything eval: {target} (greedy, {result['summary'][0]['env_kind']})")
+    rm_columns = [  # where the RM judged the episodes (eval.rm): (header, summary key, format; None: percent)
+        ("RM judged", "rm_judged", "{:.0f}"),
+        ("RM outcome acc", "rm_outcome_accuracy", None),
+        ("RM AUROC", "rm_outcome_auroc", "{:.2f}"),
+        ("RM step acc", "rm_step_accuracy", None),
+        ("RM gap", "rm_score_gap", "{:+.2f}"),
+        ("RM parsed", "rm_parse_rate", None),
+    ]
+    rm_columns = rm_columns if "rm_outcome_accuracy" in result["summary"][0] else []
+    cell = lambda v, text: pct(v) if text is None else "n/a" if v != v else text.format(v)  # noqa: E731
     for column in ("split", "n", "accuracy [95% CI]", "strict (boxed)", "fallback", "format rate", "env errors"):
+        table.add_column(column)
+    for column, _, _ in rm_columns:
         table.add_column(column)
     for row in result["summary"]:
         row = {k: (float("nan") if v is None else v) for k, v in row.items()}
@@ -230,6 +254,7 @@ def evaluate(
             pct(row["fallback_accuracy"]),
             pct(row["format_rate"]),
             str(int(row["env_errors"])),
+            *(cell(row[key], text) for _, key, text in rm_columns),
         )
     console.print(table)
     console.print(f"episodes, summary.md, eval.png: {result['out_dir']}   MLflow run {result['mlflow_run_id']}")
@@ -255,6 +280,56 @@ def prepare() -> None:
     with console.status("converting SmolLM2-135M-Instruct (once, ~30 s)"):
         path = smollm2_model_dir()
     console.print(f"SmolLM2-135M-Instruct ready at {path}")
+
+
+experiment_app = typer.Typer(no_args_is_help=True, help="Experiments over several runs: the paper's ablation.")
+app.add_typer(experiment_app, name="experiment")
+
+
+@experiment_app.command(
+    "ablation",
+    epilog="Example: rlanything experiment ablation -c configs/smollm2-arith.yaml --seeds 2 --budget-minutes 10",
+)
+def ablation(
+    config: ConfigOpt,
+    set_: SetOpt = None,
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds per arm: run.seed, run.seed+1, ...")] = 2,
+    iterations: Annotated[
+        int | None, typer.Option("--iterations", "-n", min=1, help="Iterations per arm (the equal budget).")
+    ] = None,
+    budget_minutes: Annotated[
+        float | None, typer.Option(min=0.01, help="Training minutes per arm (the steps' own times; equal budget).")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Experiment name (default: <run.name>-ablation).")] = None,
+    arms: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated arms (default all): policy-only,plus-rm,plus-rm-env,rm-signal-only."),
+    ] = None,
+) -> None:
+    """Run the paper's ablation (policy-only, +RM, +RM+env, RM signal only) and compare the arms.
+
+    Each (arm, seed) is a normal run <run.root>/<name>-<arm>-s<seed> evaluated on held-out
+    problems after every iteration; the comparison (comparison.md with held-out accuracy ± 95%
+    CI, RM accuracy and accepted tasks per arm, and PNG curves) goes to
+    <run.root>/experiments/<name>/ and to a parent MLflow run. Running the same command again
+    resumes a killed experiment without redoing finished arms."""
+    try:
+        base = load_config(config, set_ or [])  # fail fast, before Prefect starts
+    except ConfigError as err:
+        _fail(str(err))
+    name = name or f"{base.run.name}-ablation"
+    chosen = [a.strip() for a in arms.split(",")] if arms else None
+    from rlanything.flows.experiment import ARMS, ablation_flow, experiment_dir, open_experiment
+    from rlanything.flows.runlock import run_lock
+
+    fix = "Fix the cause, then run the same command again: finished arms are not redone."
+    with _reported("the experiment stopped", fix):
+        with run_lock(experiment_dir(base, name)):  # a second process exits before Prefect starts
+            open_experiment(str(config), name, set_ or [], seeds, iterations, budget_minutes, chosen or list(ARMS))
+            _guard_prefect_server()
+            result = ablation_flow(str(config), name, set_ or [], seeds, iterations, budget_minutes, chosen)
+    typer.echo(Path(result["comparison"]).read_text())  # plain: rich would wrap the table's rows
+    console.print(f"comparison, figures: {result['folder']}   MLflow parent run {result['mlflow_run_id']}")
 
 
 ServerRoot = Annotated[Path, typer.Option("--root", help="Runs folder: MLflow store (mlflow.db) and .servers/ state.")]

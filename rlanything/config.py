@@ -543,6 +543,11 @@ class EvalConfig(_Section):
     knobs, bigger worlds or other task kinds)."""
     max_new_tokens: int | None = Field(None, ge=1)
     """Token budget of one greedy step; default policy.max_new_tokens."""
+    rm: bool = True
+    """Judge the held-out episodes with the RM of the same checkpoint (rm.judgments_per_step
+    verdicts per step, as in training) and report how well it predicts their outcomes
+    (rm_outcome_accuracy, rm_outcome_auroc, ...); false: the policy alone. An RM that writes unit
+    tests (rm.role unit_tests) judges no step either way."""
 
 
 class Config(_Section):

@@ -85,6 +85,24 @@ def play_greedy(
     make: Callable[[], Environment] | None = None,
 ) -> list[dict]:
     """Play each spec once, greedily -> one row per episode (see `episode_row`)."""
+    return play_greedy_steps(
+        engine, tokenizer, env_config, specs, split, max_new_tokens=max_new_tokens, seed=seed, make=make
+    )[0]
+
+
+def play_greedy_steps(
+    engine: GenerationEngine,
+    tokenizer,
+    env_config,
+    specs: list[dict],
+    split: str,
+    *,
+    max_new_tokens: int,
+    seed: int = 0,
+    make: Callable[[], Environment] | None = None,
+) -> tuple[list[dict], list[dict]]:
+    """`play_greedy`, also returning `play`'s step rows (traj_id = problem_idx, step_idx, response,
+    observation, ...): what the RM judges (agent/eval_judge.py)."""
     envs: list[ScoredEnv] = []
 
     def new_env() -> ScoredEnv:
@@ -116,7 +134,7 @@ def play_greedy(
     for k, traj in enumerate(sorted(trajectories, key=lambda t: t["traj_id"])):
         traj_steps = sorted(by_traj.get(k, []), key=lambda r: r["step_idx"])
         rows.append(episode_row(split, env_config.kind, k, specs[k], traj, traj_steps, envs[k]))
-    return rows
+    return rows, steps
 
 
 def episode_row(split: str, kind: str, index: int, spec: dict, traj: dict, steps: list[dict], env: ScoredEnv) -> dict:

@@ -17,6 +17,12 @@ the trajectories' outcomes O in {-1, +1}:
 - **score gap**: mean trajectory step score − mean outcome, in [−2, 2]. Positive: the RM is
   more pleased than the verifier; hacking shows as a large positive gap.
 
+A fourth number needs ground truth per step, which only some environments know (see
+`envs.base.step_labels`): **process accuracy**, the fraction of labelled judged steps whose
+majority verdict (as above: tie or nothing parsed = wrong) equals the step's label in {-1, +1}.
+Outcome accuracy asks whether the RM's verdicts track the episode's end; process accuracy
+whether they track each step's own merit (a good step in a failed episode should still be +1).
+
 `guard` turns them into the alarm of `algo.rm_guard`: the RM is flagged when the gap exceeds
 `max_score_gap`, the trajectory outcome accuracy falls below `min_outcome_accuracy`, or the
 AUROC (where defined) below `min_outcome_auroc`, decided only from at least `min_trajectories`
@@ -57,6 +63,18 @@ def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
     return float((greater + 0.5 * ties) / (len(pos) * len(neg)))
 
 
+def _step_means(traj_id, step_idx, step_score, parsed) -> dict[tuple, float]:
+    """(traj_id, step_idx) -> mean of the step's parsed S, 0 when none parsed (a tie: no verdict)."""
+    keys = list(zip(np.asarray(traj_id).tolist(), np.asarray(step_idx).tolist()))
+    scores, parsed = np.asarray(step_score, dtype=float), np.asarray(parsed, dtype=bool)
+    steps: dict[tuple, list[float]] = {}
+    for key, score, ok in zip(keys, scores, parsed):
+        steps.setdefault(key, [])
+        if ok:
+            steps[key].append(score)
+    return {key: (float(np.mean(s)) if s else 0.0) for key, s in steps.items()}
+
+
 def outcome_prediction(
     traj_id: np.ndarray, step_idx: np.ndarray, step_score: np.ndarray, parsed: np.ndarray, outcome: dict
 ) -> dict[str, float]:
@@ -77,14 +95,7 @@ def outcome_prediction(
     >>> [round(r[k], 4) for k in ("step_accuracy", "trajectory_accuracy", "auroc", "score_gap")]
     [0.6667, 0.5, 1.0, -0.5]
     """
-    keys = list(zip(np.asarray(traj_id).tolist(), np.asarray(step_idx).tolist()))
-    scores, parsed = np.asarray(step_score, dtype=float), np.asarray(parsed, dtype=bool)
-    steps: dict[tuple, list[float]] = {}
-    for key, score, ok in zip(keys, scores, parsed):
-        steps.setdefault(key, [])
-        if ok:
-            steps[key].append(score)
-    step_mean = {key: (float(np.mean(s)) if s else 0.0) for key, s in steps.items()}
+    step_mean = _step_means(traj_id, step_idx, step_score, parsed)
     step_right = [np.sign(mean) == outcome[key[0]] for key, mean in step_mean.items()]
     trajectories: dict = {}
     for (traj, _), mean in step_mean.items():
@@ -103,6 +114,31 @@ def outcome_prediction(
         "steps": len(step_mean),
         "trajectories": len(traj_ids),
     }
+
+
+def process_accuracy(
+    traj_id: np.ndarray, step_idx: np.ndarray, step_score: np.ndarray, parsed: np.ndarray, labels: dict
+) -> dict[str, float]:
+    """Agreement of each labelled judged step's majority verdict with its ground-truth label.
+
+    traj_id, step_idx, step_score, parsed: (J,) per judgment, as in `outcome_prediction`;
+    labels: (traj_id, step_idx) -> label in {-1, +1}, for the steps the environment labelled.
+    -> {"process_accuracy", "labelled_steps"}: the fraction of judged steps with a label whose
+    majority verdict (sign of the mean parsed S; a tie or nothing parsed is wrong) equals it, and
+    how many there were; NaN accuracy when no judged step has a label (never a made-up number).
+
+    Worked example: step (a, 0) S = +1, +1, −1 (verdict +1) labelled +1: right; (a, 1) S = +1, −1
+    (a tie) labelled −1: wrong; (a, 2) nothing parsed, labelled −1: wrong; (b, 0) S = −1 labelled
+    −1: right; (b, 1) S = +1 has no label: not counted. → 2 of 4 labelled steps.
+
+    >>> process_accuracy(np.array(["a"] * 7 + ["b", "b"]), np.array([0, 0, 0, 1, 1, 2, 2, 0, 1]),
+    ...     np.array([1, 1, -1, 1, -1, 0, 0, -1, 1]), np.array([True] * 5 + [False, False, True, True]),
+    ...     {("a", 0): 1, ("a", 1): -1, ("a", 2): -1, ("b", 0): -1, ("c", 0): 1})
+    {'process_accuracy': 0.5, 'labelled_steps': 4}
+    """
+    step_mean = _step_means(traj_id, step_idx, step_score, parsed)
+    right = [np.sign(mean) == labels[key] for key, mean in step_mean.items() if key in labels]
+    return {"process_accuracy": float(np.mean(right)) if right else math.nan, "labelled_steps": len(right)}
 
 
 @dataclass(frozen=True)

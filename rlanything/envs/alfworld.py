@@ -19,6 +19,11 @@ Task adaptation picks another game: a different task type and/or index. `TASK_TY
 from easier to harder (our reading of ALFWorld's per-type success rates: placing one object,
 examining in light, then clean/heat/cool before placing, then placing two); `rule_rewrite`
 moves one type along it.
+
+No step labels (`envs.base.step_labels` gives None; the RM's process accuracy is not logged).
+The PDDL backend can replan from any state (`EnvInfos(policy_commands=True)`, a fast-downward
+search per step), so the TextWorld rule would carry over; it is not wired, since it cannot be
+tested without ALFWorld's data.
 """
 
 from __future__ import annotations

@@ -58,7 +58,8 @@ class Environment(Protocol):
     # Optional: `last_screenshot() -> bytes | None` (a PNG of the screen, see `screenshot`) and
     # `replayable = False` (see `replayable`); environments without them are text-only and
     # replayable. Optional: `example`, a solved (problem, answer) pair shown before the first
-    # observation (see `example_of`).
+    # observation (see `example_of`). Optional: `step_labels(config, spec, actions)` (static),
+    # ground-truth labels of single steps (see `step_labels`).
 
     # --- specs and rewrites (task adaptation) -------------------------------------------
     @staticmethod
@@ -106,6 +107,22 @@ def replayable(env: Environment | type) -> bool:
     """False for environments whose episodes cannot be replayed to the same end (a desktop VM):
     verify then keeps the outcome evaluated at the end of the live episode."""
     return getattr(env, "replayable", True)
+
+
+StepLabel = tuple[int, str]
+"""(label in {-1, +1}, the case of the environment's rule that gave it), e.g. (1, "closer")."""
+
+
+def step_labels(
+    env: type, config: EnvConfig, spec: dict[str, Any], actions: list[str | None]
+) -> list[StepLabel | None] | None:
+    """Ground-truth labels of a trajectory's steps, one per action (None: that step has no label),
+    from environments that can know them: the class's optional static `step_labels(config, spec,
+    actions)`, which replays the actions from `reset(spec)`. None for environments without one:
+    no label is ever made up. The rules are in each environment's module docstring (TextWorld:
+    did the step bring the goal closer; reasoning-gym: the answer's correctness)."""
+    label = getattr(env, "step_labels", None)
+    return label(config, spec, actions) if label is not None else None
 
 
 def parse_json_box(text: str, allowed: set[str] | None) -> dict[str, Any]:

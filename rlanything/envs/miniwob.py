@@ -50,6 +50,13 @@ reward, not the time-discounted one.
 Task adaptation picks among verified variants only (like the authors' OSWorld variant, every
 accepted task keeps a real verifier): the next easier/harder task of the same family (`FAMILIES`),
 the family's hint added to or dropped from the instruction, or a new seed.
+
+No step labels (`envs.base.step_labels` gives None; the RM's process accuracy is not logged).
+A label would need the set of good actions in each page state: the scripted expert
+(tests/envs/test_miniwob.py, benchmarks/miniwob_expert.py) picks one action per state by reading
+the DOM, while most tasks accept several (checkboxes in any order, a field clicked before it is
+typed into or not), so "not the expert's action" is not "a bad step"; and reading the state
+takes a live browser replay per trajectory, which verify would pay for every episode.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ With `worked_example` on, the policy first sees one solved problem of the same g
 knobs as an earlier chat turn (`example`): small models that ignore "put the answer in
 \\boxed{}" copy the format of a turn they see answered. Its seed is `EXAMPLE_SEED`, never a
 training or evaluation seed (envs/heldout.py).
+
+Step labels (`step_labels`, the RM's process accuracy): an episode is one step, the answer, so
+that step's label is the answer's correctness, the outcome (rule `answer`): process accuracy
+equals the step outcome accuracy here.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import reasoning_gym
 
-from rlanything.envs.base import StepResult, parse_json_box
+from rlanything.envs.base import StepLabel, StepResult, parse_json_box
 from rlanything.envs.heldout import EXAMPLE_SEED
 
 if TYPE_CHECKING:
@@ -83,6 +87,16 @@ class ReasoningGymEnv:
 
     def close(self) -> None:
         self._built = None
+
+    @staticmethod
+    def step_labels(config: EnvConfig, spec: dict[str, Any], actions: list[str | None]) -> list[StepLabel]:
+        """The one step's label: its answer's correctness (+1 iff the verifier accepts it)."""
+        if len(actions) != 1:
+            raise ValueError(f"a reasoning-gym episode has one step, not {len(actions)}")
+        env = ReasoningGymEnv()  # the worked example does not change the verdict
+        env.reset(spec)
+        env.step(actions[0])
+        return [(env.outcome(), "answer")]
 
     @staticmethod
     def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:

@@ -20,6 +20,25 @@ The episode: see `textgame.py` (goal + feedback + numbered admissible commands; 
 command or its number in \boxed{}; anything else costs a step and changes nothing).
 Outcome: +1 iff the game reports `won`.
 
+Step labels (`step_labels`, the RM's process accuracy): a step is good (+1) iff after it the
+goal is no farther: the number of commands TextWorld's quest tracker still needs to win (the
+length of `policy_commands`, `EnvInfos(policy_commands=True)`: the walkthrough, updated after
+every command, shortened where the state allows, lengthened by the commands that undo a detour;
+0 once won) did not grow. The trajectory's actions are replayed from reset, reading the length
+before and after each. The cases, as the `rule` column names them: `closer` +1 (it shrank);
+`unchanged` +1 (an admissible command the goal does not need: look, examine, inventory);
+`farther` −1 (it grew: leaving the room the goal is in, closing the container to take from);
+`lost` −1 (the game is lost); `invalid` −1 (not an admissible command, or no command: nothing
+reaches the game and the state is unchanged).
+Why an admissible no-op is +1 and an invalid answer −1, though neither changes the state: the
+first can gather what the goal needs (TextWorld's own walkthroughs hold such steps; tw-cooking's
+starts with `inventory`, `examine cookbook`), the second only brings back the list of valid
+commands, a step wasted. TextWorld's `intermediate_reward` counts both 0; the `rule` column keeps
+`unchanged` apart for a stricter reading (only `closer` good). The rule is local: a step that
+undoes an earlier detour (going back) is `closer`. Where the tracker gives up (an irreversible
+command it cannot plan around leaves no policy though the game goes on), that command and the
+later admissible ones get no label (an invalid one is still −1).
+
 Task adaptation changes the generation knobs (`REWRITE_KNOBS`) and/or the seed; the game type
 stays. `rule_rewrite` moves the main knob by one step (quest length, recipe size, level...).
 """
@@ -41,7 +60,8 @@ import textworld
 import textworld.challenges
 from textworld.generator import compile_game
 
-from rlanything.envs.textgame import TextGameEnv, observation, parse_json_box, tidy
+from rlanything.envs.base import StepLabel
+from rlanything.envs.textgame import TextGameEnv, observation, parse_json_box, resolve_command, tidy
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
@@ -81,6 +101,7 @@ REWRITE_KNOBS = {
 INFOS = textworld.EnvInfos(
     admissible_commands=True, objective=True, description=True, won=True, lost=True, extras=["walkthrough"]
 )
+LABEL_INFOS = textworld.EnvInfos(admissible_commands=True, policy_commands=True, won=True, lost=True)
 _GENERATION_LOCK = threading.Lock()  # textworld's generator is not made for concurrent use
 
 
@@ -196,13 +217,13 @@ def _generate(spec: dict[str, Any], folder: Path) -> None:
     (folder / "spec.json").write_text(json.dumps({**spec, "tw_make": "tw-make " + " ".join(tw_make_argv(spec))}))
 
 
-def start_game(path: Path):
-    """A TextWorld environment playing the game file `path`."""
+def start_game(path: Path, infos: textworld.EnvInfos = INFOS):
+    """A TextWorld environment playing the game file `path`, reporting `infos`."""
     with warnings.catch_warnings():
         # jericho warns on every load of a TextWorld-made game that it lacks per-game score and
         # move tracking; TextWorld tracks those itself, so the warning is noise here.
         warnings.filterwarnings("ignore", message=r"Game '.*' is not fully supported")
-        return textworld.start(str(path), INFOS)
+        return textworld.start(str(path), infos)
 
 
 def _check_walkthrough(path: Path) -> list[str]:
@@ -262,6 +283,33 @@ def walkthrough(config: EnvConfig, spec: dict[str, Any]) -> list[str]:
     return json.loads((game_file(config, spec).parent / "walkthrough.json").read_text())
 
 
+def remaining_commands(state: textworld.core.GameState) -> int | None:
+    """Commands the quest tracker still needs to win from `state` (0 once won); None when it has
+    no policy: the game is lost, or an irreversible command left the quest untracked."""
+    if state["won"]:
+        return 0
+    return len(state["policy_commands"]) or None
+
+
+def label_step(before: int | None, state: textworld.core.GameState) -> StepLabel | None:
+    """The label of an admissible command that left the game in `state`, `before` the commands
+    the tracker needed before it (module docstring); None where it knows no length.
+
+    >>> from textworld.core import GameState
+    >>> after = lambda n, **kw: GameState(won=False, lost=False, policy_commands=["c"] * n) | kw
+    >>> label_step(2, after(1)), label_step(2, after(2)), label_step(2, after(3))
+    ((1, 'closer'), (1, 'unchanged'), (-1, 'farther'))
+    >>> label_step(1, after(0, won=True)), label_step(1, after(0, lost=True)), label_step(None, after(1))
+    ((1, 'closer'), (-1, 'lost'), None)
+    """
+    if state["lost"]:
+        return (-1, "lost")
+    after = remaining_commands(state)
+    if before is None or after is None:
+        return None
+    return (1, "closer") if after < before else (1, "unchanged") if after == before else (-1, "farther")
+
+
 def clean_feedback(text: str) -> str:
     """Game text without the status line, the prompt and the end-of-game menu."""
     text = text.split("Would you like to RESTART")[0]
@@ -286,6 +334,26 @@ class TextWorldEnv(TextGameEnv):
         self._commands = sorted(state.admissible_commands)
         self._won = self._done = False
         return observation(self._goal, clean_feedback(state.description), self._commands)
+
+    @staticmethod
+    def step_labels(config: EnvConfig, spec: dict[str, Any], actions: list[str | None]) -> list[StepLabel | None]:
+        """One label per action (module docstring), replaying them from reset as `step` plays
+        them, with the quest tracker on (`LABEL_INFOS`)."""
+        game = start_game(game_file(config, spec), LABEL_INFOS)
+        try:
+            state, done = game.reset(), False
+            before, labels = remaining_commands(state), []
+            for action in actions:
+                command = None if done else resolve_command(action, sorted(state["admissible_commands"] or []))
+                if command is None:  # nothing reaches the game: a step wasted
+                    labels.append((-1, "invalid"))
+                    continue
+                state, _, done = game.step(command)
+                labels.append(label_step(before, state))
+                before = remaining_commands(state)
+            return labels
+        finally:
+            game.close()
 
     # --- specs and rewrites -------------------------------------------------------------------
     @staticmethod

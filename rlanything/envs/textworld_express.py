@@ -16,6 +16,11 @@ Task adaptation changes the generation parameters (the game's own names, e.g. tw
 numLocations, numItemsToPutAway, includeDoors, limitInventorySize) and/or the seed; the game
 itself checks them (`validate_spec` loads and generates the game). `rule_rewrite` moves the
 game's main knob (`MAIN_KNOB`) by one.
+
+No step labels (`envs.base.step_labels` gives None; the RM's process accuracy is not logged):
+TextWorld-Express gives its gold path from the start of a game only, never the remaining one
+from a later state, so the TextWorld rule (did the remaining shortest solution shrink) would
+need a search over its valid actions in the JVM at every step.
 """
 
 from __future__ import annotations

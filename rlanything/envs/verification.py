@@ -5,6 +5,10 @@ A finished episode is replayed action by action in a fresh environment and the v
 Environments that cannot be replayed (`replayable = False`, a desktop VM) keep the verdict
 taken at the end of the live episode. Library code: the verify task reads and writes the
 Parquet files around `verify_episode`.
+
+The same step also asks environments that know them for ground-truth labels of single steps
+(`label_episode`, `envs.base.step_labels`): they measure the RM (its process accuracy) and never
+reach the reward.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import json
 
 import pandas as pd
 
-from rlanything.envs.base import env_class, make_env, replayable
+from rlanything.envs.base import env_class, make_env, replayable, step_labels
 
 TEST_COUNTS = ("tests_passed", "tests_total")  # null for environments without ground-truth tests
 OUTCOME_IDS = ("traj_id", "task_id", "slot", "version", "rollout_idx", "num_steps", "termination", "pending")
@@ -65,3 +69,21 @@ def verify_episode(env_config, episode: dict, spec: str, actions: list[str | Non
         {"tests_passed": sum(tests), "tests_total": len(tests)} if tests is not None else dict.fromkeys(TEST_COUNTS)
     )
     return {**ids, "outcome": outcome, "valid": valid, "error": error, "verified_by": verified_by, **counts}
+
+
+def label_episode(env_config, outcome: dict, spec: str, actions: list[str | None]) -> list[dict] | None:
+    """step_labels.parquet rows of one trajectory (`outcome`: its outcomes.parquet row, `spec` as
+    JSON, `actions` in step order): one per step the environment labels; None when the
+    environment labels no step. Trajectories whose steps are never judged get none: invalid ones
+    (environment error, crashed verifier) and pending ones (a rewrite under evaluation)."""
+    if not outcome["valid"] or outcome["pending"]:
+        return []
+    labels = step_labels(env_class(env_config.kind), env_config, json.loads(spec), actions)
+    if labels is None:
+        return None
+    ids, rows = {"traj_id": outcome["traj_id"], "task_id": outcome["task_id"]}, []
+    for step_idx, labelled in enumerate(labels):
+        if labelled is not None:
+            label, rule = labelled
+            rows.append({**ids, "step_idx": step_idx, "label": label, "rule": rule})
+    return rows

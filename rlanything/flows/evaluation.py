@@ -11,6 +11,22 @@ What is evaluated (`target`):
                     go to `<run.root>/eval/<model>/` and to an MLflow run of their own.
 One Prefect task per split plays the problems, a last one writes episodes.parquet, summary.md
 and eval.png.
+
+The reward model is evaluated beside the policy (`eval.rm`, on by default). The RM of the same
+checkpoint (checkpoints/rm/iter_NNNN; for `@base` and a bare model the config's rm model) judges
+every step of every valid held-out episode rm.judgments_per_step times, as the rm_score step does
+in training (same context builder, prompt, verdict mode and sampling, a seed derived the same
+way), into judgments.parquet beside episodes.parquet (agent/eval_judge.py). Per split,
+summary.json, summary.md, the MLflow metrics `eval/<split>/rm_*` and the CLI table then report
+how well the judgments predict the episodes' outcomes (`algo.rm_accuracy.outcome_prediction`):
+rm_outcome_accuracy (the sign of an episode's mean step score against its outcome),
+rm_outcome_auroc (that score ranking solved above unsolved episodes; NaN with one outcome only),
+rm_step_accuracy (each step's majority verdict against its episode's outcome), rm_score_gap
+(mean score − mean outcome; positive: the RM is more pleased than the verifier), rm_judged
+(episodes judged) and rm_parse_rate (verdicts parsed). Unlike rm/outcome_accuracy in training,
+these are measured on greedy episodes of problems the RM never trained on. With `eval.rm: false`,
+or an RM that writes unit tests instead (rm.role unit_tests), nothing is judged and the measures
+are absent, NaN in `reports.eval.eval_history` (as in evaluations written before they existed).
 """
 
 from __future__ import annotations
@@ -24,12 +40,12 @@ from pathlib import Path
 
 from prefect import flow
 
-from rlanything.config import ConfigError, load_config
+from rlanything.config import Config, ConfigError, load_config
 from rlanything.envs.heldout import SPLITS
 from rlanything.reports.eval import eval_history, plot_eval_curves, training_wall_time
 from rlanything.storage import tracking
 from rlanything.storage.layout import RunLayout
-from rlanything.tasks.evaluate import eval_report, evaluate_split
+from rlanything.tasks.evaluate import add_rm_measures, eval_report, evaluate_split
 
 BASE = -1  # the "iteration" of a run's starting model (MLflow step -1, wall time 0)
 
@@ -122,6 +138,23 @@ def _model_run(config, target: EvalTarget) -> tuple[str, str]:
     return run_id, "eval"
 
 
+def rm_target(config: Config, resolved: EvalTarget) -> tuple[Path | None, str]:
+    """The RM that judges the held-out episodes -> (weights, label), or (None, why none does)."""
+    if not config.eval.rm:
+        return None, "off (eval.rm: false)"
+    if config.rm.role != "judge":
+        return None, f"none (rm.role {config.rm.role} judges no step)"
+    if resolved.run_dir is None or resolved.iteration == BASE:
+        from rlanything.models.loading import resolve_model_path
+
+        return resolve_model_path(config.rm_model), config.rm_model
+    folder = RunLayout(resolved.run_dir).checkpoint("rm", resolved.iteration)
+    label = folder.relative_to(resolved.run_dir).as_posix()
+    if not (folder / "config.json").is_file():  # the iteration stopped between its two updates
+        return None, f"none ({label} was not written)"
+    return folder, label
+
+
 @flow(name="rlanything-eval", flow_run_name="eval {target}")
 def eval_flow(
     target: str,
@@ -146,6 +179,7 @@ def eval_flow(
         safe = re.sub(r"[^A-Za-z0-9._-]+", "_", resolved.label).strip("_")
         out = Path(config.run.root).resolve() / "eval" / safe
         (run_id, artifact_path), step = _model_run(config, resolved), 0
+    rm_weights, rm_label = rm_target(config, resolved)
     start = time.perf_counter()
     parts = [
         evaluate_split(
@@ -157,6 +191,8 @@ def eval_flow(
             resolved.iteration,
             s,
             str(out / f"{s}.parquet"),
+            str(rm_weights) if rm_weights else None,
+            rm_label,
         )
         for s in splits
     ]
@@ -167,9 +203,12 @@ def eval_flow(
         "decoding": "greedy (temperature 0)",
         "problems per split": str(config.eval.problems),
         "answer fallback": config.env.answer_fallback,
+        "reward model": rm_label
+        + (f" (m = {config.rm.judgments_per_step}, {config.rm.verdict} verdicts)" if rm_weights else ""),
     }
     report = eval_report([p for part in parts for p in part["paths"]], str(out), title, details)
     metrics = {k: v for part in parts for k, v in part["metrics"].items()} | report["metrics"]
+    metrics |= add_rm_measures(report, parts, out, title, details)
     metrics["eval/time_s"] = time.perf_counter() - start
     curves = _record(config.mlflow_uri, run_id, resolved, out, report, metrics, artifact_path, step)
     return {

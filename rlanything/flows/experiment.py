@@ -14,8 +14,9 @@ given: whichever comes first. The comparison (`reports.experiment`) is rewritten
 finished arm: partial results are readable while the rest runs.
 
 Resume: running the same command again (or Retry in the Prefect UI) skips arms marked finished
-(`arms/<run>.done`) and resumes the unfinished one at its failed step; a different spec
-(config, overrides, seeds, budget, arms) under the same experiment name is refused. One process
+with this budget (`arms/<run>.done`) and resumes the unfinished one at its failed step; the same
+command with a larger budget extends every arm (finished iterations are kept); a different
+config, overrides, seeds or arms under the same experiment name is refused. One process
 at a time runs an experiment (its folder's lock).
 
 Departures from the paper: every arm runs the same number of iterations (or wall time), on a
@@ -103,22 +104,17 @@ def open_experiment(
     base = load_config(config_path, overrides)
     seed_list = [base.run.seed + k for k in range(seeds)]
     folder = experiment_dir(base, name)
-    spec = {
-        "config": base.to_dict(),
-        "overrides": overrides,
-        "seeds": seed_list,
-        "iterations": iterations,
-        "budget_minutes": budget_minutes,
-        "arms": arms,
-    }
+    spec = {"config": base.to_dict(), "overrides": overrides, "seeds": seed_list, "arms": arms}
     path = folder / "experiment.json"
-    if not path.exists():
-        write_text(json.dumps(spec, indent=2, sort_keys=True), path)
-    elif json.loads(path.read_text()) != json.loads(json.dumps(spec)):
-        raise ConfigError(
-            f"experiment {name!r} already exists in {folder} with a different config, seeds, "
-            "budget or arms; choose another --name, or run the same command to resume it"
-        )
+    if path.exists():
+        before = json.loads(path.read_text())
+        if {k: before.get(k) for k in spec} != json.loads(json.dumps(spec)):
+            raise ConfigError(
+                f"experiment {name!r} already exists in {folder} with a different config, seeds or arms; "
+                "choose another --name, or run the same command (a larger budget extends it)"
+            )
+    budget = {"iterations": iterations, "budget_minutes": budget_minutes}
+    write_text(json.dumps(spec | budget, indent=2, sort_keys=True), path)
     return base, seed_list, folder
 
 
@@ -194,14 +190,15 @@ def ablation_flow(
                     config = load_config(config_path, run_overrides)
                     runs.append({"arm": arm, "seed": seed, "run_dir": str(config.run_dir)})
                     marker = folder / "arms" / f"{config.run.name}.done"
-                    if not marker.exists():
+                    budget = json.dumps({"iterations": iterations, "budget_minutes": budget_minutes})
+                    if not marker.exists() or marker.read_text() != budget:  # new, or a new budget
                         logger.info("arm %s, seed %d: run %s", arm, seed, config.run_dir)
                         _share_base_eval(base_eval, config.run_dir)
                         layout = prepare_run(config)  # creates its MLflow run, to nest it before it starts
                         tags = {PARENT_TAG: parent, EXPERIMENT_TAG: name, ARM_TAG: arm, SEED_TAG: str(seed)}
                         tracking.set_tags(uri, layout.mlflow_run_id(), tags)
                         _train_arm(config_path, run_overrides, config, iterations, budget_minutes)
-                        write_text("done\n", marker)
+                        write_text(budget, marker)
                     base_eval = base_eval or eval_dir(config.run_dir, BASE)
                     paths, metrics = write_comparison(folder, name, runs, arms, list(base.eval.splits))
             tracking.log_metrics(uri, parent, metrics, step=0)

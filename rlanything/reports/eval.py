@@ -1,5 +1,7 @@
 """Views of a held-out evaluation: a markdown summary, a bar plot per split, and the curve of
-held-out accuracy over training (against iteration and against training wall time).
+held-out accuracy over training (against iteration and against training wall time). Where the RM
+judged the episodes (`eval.rm`), the summary has a second table: its outcome prediction
+(agent/eval_judge.py).
 
 Plots are drawn on bare `Figure`s (Agg canvas, no pyplot global state), like the run's other
 reports. The inputs are the summary table of `algo.metrics.success_summary` and, for the
@@ -15,6 +17,18 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+
+RM_MEASURES = (
+    "rm_step_accuracy",
+    "rm_outcome_accuracy",
+    "rm_outcome_auroc",
+    "rm_score_gap",
+    "rm_judged",
+    "rm_parse_rate",
+)
+"""The RM's columns of a split's row (`agent.eval_judge.rm_measures`): `outcome_prediction`'s
+step_accuracy, trajectory_accuracy, auroc, score_gap and trajectories (episodes judged), and the
+fraction of its judgments whose verdict parsed."""
 
 
 def pct(value: float) -> str:
@@ -50,7 +64,37 @@ def summary_markdown(summary: pd.DataFrame, title: str, details: dict[str, str])
         "step needed the fallback. "
         "Format rate: episodes whose every answer was boxed. Intervals: Wilson score, 95%.",
     ]
+    if "rm_outcome_accuracy" in summary:
+        lines += ["", *rm_markdown(summary)]
     return "\n".join(lines) + "\n"
+
+
+def _number(value, text: str) -> str:
+    return "n/a" if value is None or value != value else text.format(value)
+
+
+def rm_markdown(summary: pd.DataFrame) -> list[str]:
+    """The RM's table of summary.md: one row per split (`RM_MEASURES`)."""
+    lines = [
+        "## Reward model",
+        "",
+        "| split | judged | outcome accuracy | outcome AUROC | step accuracy | score gap | parse rate |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for _, row in summary.iterrows():
+        lines.append(
+            f"| {row['split']} | {_number(row['rm_judged'], '{:.0f}')} | {pct(row['rm_outcome_accuracy'])} | "
+            f"{_number(row['rm_outcome_auroc'], '{:.2f}')} | {pct(row['rm_step_accuracy'])} | "
+            f"{_number(row['rm_score_gap'], '{:+.2f}')} | {pct(row['rm_parse_rate'])} |"
+        )
+    return lines + [
+        "",
+        "The RM of the same checkpoint judged every step of every valid episode, as in training. Outcome "
+        "accuracy: the sign of an episode's mean step score against its outcome (a tie counts as wrong); "
+        "AUROC: that score ranking solved above unsolved episodes (n/a with one outcome only); step "
+        "accuracy: each step's majority verdict against its episode's outcome; score gap: mean score − "
+        "mean outcome (positive: the RM is more pleased than the verifier).",
+    ]
 
 
 def plot_splits(summary: pd.DataFrame, title: str, out: Path) -> Path:
@@ -96,13 +140,17 @@ def training_wall_time(run_dir: Path, iteration: int) -> float:
 
 def eval_history(run_dir: Path) -> pd.DataFrame:
     """One row per (evaluated iteration, split) from `<run>/eval/iter_NNNN/summary.json` (and
-    `eval/base/`, the starting model, iteration -1)."""
+    `eval/base/`, the starting model, iteration -1). The RM's measures (`RM_MEASURES`) are NaN
+    where it judged nothing: eval.rm off, or an evaluation written before they existed."""
     rows = []
     for path in sorted((Path(run_dir) / "eval").glob("*/summary.json")):
         record = json.loads(path.read_text())
         for split in record["splits"]:
             rows.append({"iteration": record["iteration"], "wall_time_s": record["wall_time_s"], **split})
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    for column in RM_MEASURES:  # null in JSON, or absent
+        frame[column] = frame[column].astype(float) if column in frame else math.nan
+    return frame
 
 
 def plot_eval_curves(history: pd.DataFrame, out: Path) -> Path:

@@ -35,7 +35,14 @@ from rlanything.storage.parquet import atomic_write, write_text
 # panel title -> metrics drawn in it, over iterations
 CURVES = {
     "Outcomes": ["accuracy", "mean_outcome"],
-    "Reward model": ["rm/agreement", "rm/parse_rate", "rm/outcome_accuracy", "rm/outcome_auroc", "rm/score_gap"],
+    "Reward model": [
+        "rm/agreement",
+        "rm/parse_rate",
+        "rm/outcome_accuracy",
+        "rm/outcome_auroc",
+        "rm/process_accuracy",  # environments with step labels only
+        "rm/score_gap",
+    ],
     "Losses": ["policy/loss", "rm/loss"],
     "KL to the generating model (k3)": ["policy/kl", "rm/kl"],
     "Task adaptation": ["adapt/proposed", "adapt/accepted", "adapt/rejected", "adapt/accepted_total"],
@@ -46,6 +53,7 @@ HEADLINE = [
     "rm/agreement",
     "rm/outcome_accuracy",
     "rm/outcome_auroc",
+    "rm/process_accuracy",  # environments with step labels (TextWorld, reasoning-gym)
     "rm/score_gap",
     "rm/parse_rate",
     "unit_tests/parse_rate",  # rm.role unit_tests (coding)

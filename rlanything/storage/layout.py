@@ -25,7 +25,8 @@ class Step:
 
 PIPELINE = (
     Step("rollout", ("rollouts", "episodes")),  # 1. the policy plays each task G times
-    Step("verify", ("outcomes",)),  # 2. the environment's outcome ±1 per trajectory
+    # 2. the environment's outcome ±1 per trajectory (and its step labels, where it knows them)
+    Step("verify", ("step_labels", "outcomes")),
     # 3. the generative RM judges every step m times (or, coding, writes unit tests: rm.role)
     Step("rm_score", ("judgments", "unit_tests", "pass_matrix")),
     Step("advantages", ("advantages",)),  # 4. rewards, advantages, which samples train

@@ -65,6 +65,19 @@ OUTCOMES = pa.schema(
     ]
 )
 
+# Ground-truth labels of single steps, for environments that know them (envs.base.step_labels):
+# one row per labelled step of a verified trajectory; empty for the others. Read by the RM's
+# process accuracy (algo.rm_accuracy.process_accuracy), never by the reward.
+STEP_LABELS = pa.schema(
+    [
+        pa.field("traj_id", pa.int32(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("step_idx", pa.int32(), nullable=False),
+        pa.field("label", pa.int8(), nullable=False),  # +1 a good step, -1 a bad one
+        pa.field("rule", pa.string(), nullable=False),  # which case of the environment's rule gave it
+    ]
+)
+
 JUDGMENTS = pa.schema(
     [
         pa.field("traj_id", pa.int32(), nullable=False),
@@ -214,10 +227,34 @@ EVAL_EPISODES = pa.schema(
 
 # Artifact name (iter_NNNN/<name>.parquet, as `storage/layout.py` PIPELINE lists them) -> its schema:
 # the one place the pairing is written; read and write artifacts through `storage/artifacts.py`.
+# eval/<...>/judgments.parquet beside episodes.parquet: the RM of the evaluated checkpoint on the
+# held-out episodes (agent/eval_judge.py), one row per (episode, step, judgment). The token ids
+# and log-probs of training's JUDGMENTS are left out: nothing trains on these.
+EVAL_JUDGMENTS = pa.schema(
+    [
+        pa.field("split", pa.string(), nullable=False),  # in_domain | ood
+        pa.field("problem_idx", pa.int32(), nullable=False),  # the episode's row in episodes.parquet
+        pa.field("step_idx", pa.int32(), nullable=False),
+        pa.field("judge_idx", pa.int32(), nullable=False),  # 0 .. m-1
+        pa.field("verdict_mode", pa.string(), nullable=False),  # free | constrained
+        pa.field("prompt", pa.string(), nullable=False),
+        pa.field("reasoning", pa.string(), nullable=False),
+        pa.field("raw_box", pa.string()),
+        pa.field("step_score", pa.int8(), nullable=False),  # -1 / +1, 0 when unparseable
+        pa.field("parsed", pa.bool_(), nullable=False),
+        pa.field("prompt_tokens", pa.int32(), nullable=False),
+        pa.field("response_tokens", pa.int32(), nullable=False),
+        pa.field("weights", pa.string(), nullable=False),  # the RM that judged (run-relative or model spec)
+        pa.field("iteration", pa.int32()),  # as in episodes.parquet: -1 the base, null a bare model
+    ]
+)
+
+
 ARTIFACTS = {
     "rollouts": ROLLOUTS,
     "episodes": EPISODES,
     "outcomes": OUTCOMES,
+    "step_labels": STEP_LABELS,
     "judgments": JUDGMENTS,
     "unit_tests": UNIT_TESTS,
     "pass_matrix": PASS_MATRIX,

@@ -1,21 +1,26 @@
-"""Held-out evaluation as Prefect tasks: one per split, then the report (`flows/evaluation.py`)."""
+"""Held-out evaluation as Prefect tasks: one per split (the policy plays, the RM judges), then
+the report (`flows/evaluation.py`)."""
 
 from __future__ import annotations
 
 import json
+import math
+import time
 from pathlib import Path
 
 import pandas as pd
 from prefect import task
 
-from rlanything.agent.evaluate import heldout_problems, play_greedy
+from rlanything.agent.eval_judge import judge_split, merge_judgments, rm_measures
+from rlanything.agent.evaluate import heldout_problems, play_greedy_steps
 from rlanything.algo.metrics import success_summary
 from rlanything.config import load_config
 from rlanything.models.engine import make_engine
-from rlanything.reports.eval import plot_splits, summary_markdown
+from rlanything.reports.eval import RM_MEASURES, plot_splits, summary_markdown
 from rlanything.storage.buffer import read_buffer
 from rlanything.storage.parquet import read_table, write_table
-from rlanything.storage.schemas import EVAL_EPISODES
+from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS
+from rlanything.tasks.scoring import steps_to_judge
 
 
 def trained_specs(run_dir: str | None) -> list[dict]:
@@ -39,22 +44,51 @@ def evaluate_split(
     iteration: int | None,
     split: str,
     out: str,
+    rm_weights: str | None = None,
+    rm_label: str = "",
 ) -> dict:
-    """Play `eval.problems` held-out problems of `split` greedily -> `out` (EVAL_EPISODES)."""
+    """Play `eval.problems` held-out problems of `split` greedily -> `out` (EVAL_EPISODES); with
+    `rm_weights`, that RM judges every step of the valid ones -> `<split>.judgments.parquet`."""
     config = load_config(config_path, overrides)
     specs, dropped = heldout_problems(config.env, split, config.eval.problems, config.run.seed, trained_specs(run_dir))
     engine, tokenizer = make_engine(config.policy, "policy", Path(weights))
-    rows = play_greedy(
-        engine,
-        tokenizer,
-        config.env,
-        specs,
-        split,
-        max_new_tokens=config.eval.max_new_tokens or config.policy.max_new_tokens,
-    )
+    max_new_tokens = config.eval.max_new_tokens or config.policy.max_new_tokens
+    rows, steps = play_greedy_steps(engine, tokenizer, config.env, specs, split, max_new_tokens=max_new_tokens)
+    del engine  # before the RM loads
     rows = [{**row, "weights": label, "iteration": iteration} for row in rows]
     path = write_table(rows, EVAL_EPISODES, Path(out))
-    return {"paths": [str(path)], "metrics": {f"eval/{split}/dropped_seen": dropped}}
+    result = {"paths": [str(path)], "judgments": None, "metrics": {f"eval/{split}/dropped_seen": dropped}}
+    if rm_weights is not None:
+        start = time.perf_counter()
+        # the rm_score step's context builder; traj_id = problem_idx, an invalid episode left out
+        episodes = pd.DataFrame(rows).rename(columns={"problem_idx": "traj_id"}).assign(pending=False)
+        step_frame = pd.DataFrame(steps, columns=["traj_id", "task_id", "step_idx", "response", "observation"])
+        contexts = steps_to_judge(step_frame, episodes, episodes)
+        judged = path.with_name(f"{split}.judgments.parquet")
+        result["judgments"] = str(judge_split(config, Path(rm_weights), rm_label, contexts, split, iteration, judged))
+        result["metrics"][f"eval/{split}/rm_time_s"] = time.perf_counter() - start
+    return result
+
+
+def add_rm_measures(report: dict, parts: list[dict], out: Path, title: str, details: dict[str, str]) -> dict:
+    """The splits' judgments -> out/judgments.parquet, the RM measures added to the report's split
+    rows and summary.md -> the metrics `eval/<split>/rm_*`. Without judgments (eval.rm off, no
+    judging RM) the rows stay as they are and an earlier judgments.parquet is removed."""
+    judged = [Path(part["judgments"]) for part in parts if part["judgments"]]
+    if not judged:
+        (out / "judgments.parquet").unlink(missing_ok=True)  # from an earlier evaluation with the RM
+        return {}
+    path = merge_judgments(judged, out / "judgments.parquet")
+    episodes = read_table(out / "episodes.parquet", EVAL_EPISODES)
+    measures = rm_measures(episodes, read_table(path, EVAL_JUDGMENTS))
+    metrics = {}
+    for row in report["splits"]:
+        values = measures[row["split"]]
+        row.update({k: None if math.isnan(v) else v for k, v in values.items()})  # JSON: NaN -> null
+        metrics |= {f"eval/{row['split']}/{k}": float(values[k]) for k in RM_MEASURES}
+    (out / "summary.md").write_text(summary_markdown(pd.DataFrame(report["splits"]), title, details))
+    report["paths"].append(str(path))
+    return metrics
 
 
 @task(name="eval-report")

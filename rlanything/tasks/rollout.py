@@ -1,5 +1,6 @@
 """Steps 1–2: rollout (the policy plays each task G times, `agent.rollout.play`) and verify
-(the outcome ±1, `envs.verification.verify_episode`)."""
+(the outcome ±1, `envs.verification.verify_episode`, and the environment's step labels where it
+knows them, `envs.verification.label_episode`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from rlanything.agent.rollout import play
 from rlanything.algo.curriculum import success_rate
 from rlanything.algo.parsing import FALLBACKS
 from rlanything.envs import make_env, sandbox
-from rlanything.envs.verification import verify_episode
+from rlanything.envs.verification import label_episode, verify_episode
 from rlanything.models.engine import PrefixCache, make_engine
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
@@ -100,7 +101,19 @@ def verify(run_dir: str, iteration: int):
         verify_episode(config.env, ep._asdict(), specs[ep.task_id], actions.get(ep.traj_id, []))
         for ep in episodes.itertuples(index=False)
     ]
-    path = write_artifact(rows, layout, iteration, "outcomes")
+    labels, label_errors = [], 0
+    for row in rows:
+        try:
+            labelled = label_episode(config.env, row, specs[row["task_id"]], actions.get(row["traj_id"], []))
+        except Exception as err:  # labels only measure the RM: a failure costs this trajectory's labels
+            label_errors += 1
+            logging.getLogger(__name__).warning("step labels of trajectory %d: %r", row["traj_id"], err)
+            continue
+        if labelled is None:  # the environment labels no step
+            break
+        labels += labelled
+    paths = [write_artifact(labels, layout, iteration, "step_labels")]
+    paths.append(write_artifact(rows, layout, iteration, "outcomes"))  # last: marks the step done
     frame = pd.DataFrame(rows)
     scored = frame[frame.valid & ~frame.pending]
     metrics = {
@@ -110,4 +123,6 @@ def verify(run_dir: str, iteration: int):
     }
     if config.env.kind == "coding":
         metrics["verify/sandbox_weak_runs"] = sandbox.RUNS["weak"] - weak_before
-    return [path], metrics
+    if label_errors:
+        metrics["verify/step_label_errors"] = label_errors
+    return paths, metrics

@@ -7,7 +7,7 @@ import os
 
 import pandas as pd
 
-from rlanything.algo.rm_accuracy import guard, outcome_prediction
+from rlanything.algo.rm_accuracy import guard, outcome_prediction, process_accuracy
 from rlanything.algo.samples import select_samples
 from rlanything.envs import env_class
 from rlanything.models.engine import PrefixCache, make_engine
@@ -124,6 +124,22 @@ def rm_outcome_metrics(judgments: pd.DataFrame, outcomes: pd.DataFrame) -> dict[
     )
 
 
+def rm_process_metrics(judgments: pd.DataFrame, labels: pd.DataFrame) -> dict[str, float]:
+    """`algo.rm_accuracy.process_accuracy` of the judged steps against the environment's step
+    labels (frame glue); {} when no judged step has a label: nothing is logged."""
+    keys = zip(labels.traj_id.tolist(), labels.step_idx.tolist())
+    result = process_accuracy(
+        judgments.traj_id.to_numpy(),
+        judgments.step_idx.to_numpy(),
+        judgments.step_score.to_numpy(),
+        judgments.parsed.to_numpy(),
+        dict(zip(keys, labels.label.tolist())),
+    )
+    if not result["labelled_steps"]:
+        return {}
+    return {"rm/process_accuracy": result["process_accuracy"], "rm/process_labels": result["labelled_steps"]}
+
+
 def _no_rows(judgments: pd.DataFrame) -> float:
     return float("nan") if judgments.empty else 0.0
 
@@ -188,5 +204,6 @@ def advantages(run_dir: str, iteration: int):
         "rm/score_gap": prediction["score_gap"],
         "rm_guard/alarm": int(decision.alarm),
         "rm_guard/lam": decision.lam,
+        **rm_process_metrics(judgments, read_artifact(layout, iteration, "step_labels")),
     }
     return [path], {k: v for k, v in metrics.items() if v == v}  # NaN (nothing to rank): not logged

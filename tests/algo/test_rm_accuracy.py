@@ -1,4 +1,4 @@
-"""RM outcome accuracy, AUROC and the reward-hacking guard, on hand-computed numbers."""
+"""RM outcome and process accuracy, AUROC and the reward-hacking guard, on hand-computed numbers."""
 
 import itertools
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from rlanything.algo.rm_accuracy import auroc, guard, outcome_prediction
+from rlanything.algo.rm_accuracy import auroc, guard, outcome_prediction, process_accuracy
 
 LIMITS = dict(max_score_gap=1.0, min_outcome_accuracy=0.5, min_outcome_auroc=0.6, min_trajectories=4)
 
@@ -102,3 +102,56 @@ def test_an_rm_at_chance_is_flagged_by_auroc_even_when_accurate():
     assert decision.alarm and decision.reasons == ("outcome AUROC 0.67 < 0.7",) and decision.lam == 0.0
     one_class = outcome_prediction(*judgments([(t, 0, [1]) for t in range(8)]), {t: 1 for t in range(8)})
     assert math.isnan(one_class["auroc"]) and not guard(one_class, 1.0, **LIMITS, fallback=True).alarm
+
+
+def test_process_accuracy_by_hand():
+    # step            S_j             verdict   label   right?
+    # (0, 0)          +1 +1 -1        +1        +1      yes
+    # (0, 1)          -1 -1 -1        -1        +1      no
+    # (0, 2)          +1 -1 unparsed  tie       -1      no (a tie predicts nothing)
+    # (1, 0)          unparsed x3     none      -1      no (nothing parsed)
+    # (1, 1)          -1 unparsed     -1        -1      yes
+    # (2, 0)          +1 +1 +1        +1        (none)  not counted: no label
+    # (3, 0) labelled but never judged: not counted
+    cols = judgments(
+        [
+            (0, 0, [1, 1, -1]),
+            (0, 1, [-1, -1, -1]),
+            (0, 2, [1, -1, None]),
+            (1, 0, [None, None, None]),
+            (1, 1, [-1, None]),
+            (2, 0, [1, 1, 1]),
+        ]
+    )
+    labels = {(0, 0): 1, (0, 1): 1, (0, 2): -1, (1, 0): -1, (1, 1): -1, (3, 0): 1}
+    assert process_accuracy(*cols, labels) == {"process_accuracy": 2 / 5, "labelled_steps": 5}
+    shuffled = np.random.default_rng(2).permutation(len(cols[0]))
+    assert process_accuracy(*(c[shuffled] for c in cols), labels) == {"process_accuracy": 2 / 5, "labelled_steps": 5}
+    # the labels of the steps the majority got right only: every labelled step right
+    assert process_accuracy(*cols, {(0, 0): 1, (1, 1): -1})["process_accuracy"] == 1.0
+
+
+def test_process_accuracy_without_labels_is_nan_not_a_number():
+    cols = judgments([(0, 0, [1, 1]), (0, 1, [-1])])
+    for labels in ({}, {(5, 0): 1}):  # no labels at all; labels of steps nobody judged
+        r = process_accuracy(*cols, labels)
+        assert r["labelled_steps"] == 0 and math.isnan(r["process_accuracy"])
+    r = process_accuracy(*[np.array([]) for _ in range(4)], {(0, 0): 1})  # nothing judged
+    assert r["labelled_steps"] == 0 and math.isnan(r["process_accuracy"])
+
+
+def test_process_accuracy_matches_a_loop_over_steps():
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        rows = [(t, k, [None if rng.random() < 0.2 else int(rng.choice([-1, 1])) for _ in range(3)])
+                for t in range(4) for k in range(int(rng.integers(1, 4)))]  # fmt: skip
+        labels = {(t, k): int(rng.choice([-1, 1])) for t, k, _ in rows if rng.random() < 0.7}
+        right = []
+        for t, k, scores in rows:
+            parsed = [x for x in scores if x is not None]
+            verdict = np.sign(sum(parsed)) if parsed else 0
+            if (t, k) in labels:
+                right.append(verdict == labels[(t, k)])
+        got = process_accuracy(*judgments(rows), labels)
+        assert got["labelled_steps"] == len(right)
+        assert (math.isnan(got["process_accuracy"]) and not right) or got["process_accuracy"] == np.mean(right)

@@ -9,9 +9,11 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 from typer.testing import CliRunner
 
+from rlanything.algo.rm_accuracy import outcome_prediction
 from rlanything.cli import app
+from rlanything.reports.eval import RM_MEASURES, eval_history
 from rlanything.storage.parquet import read_table
-from rlanything.storage.schemas import EVAL_EPISODES
+from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -69,6 +71,50 @@ def test_training_evaluates_every_iteration_and_draws_the_curves(evaluated_run):
     assert "eval_curves.png" in {a.path for a in client.list_artifacts(run_id)}
 
 
+def test_the_rm_of_each_checkpoint_judges_the_held_out_episodes(evaluated_run):
+    run_dir = Path(evaluated_run["run_dir"])
+    client = MlflowClient(evaluated_run["mlflow_uri"])
+    for folder, rm in (
+        ("base", "builtin:tiny-random?seed=1"),  # tiny.yaml's rm.model
+        ("iter_0000", "checkpoints/rm/iter_0000"),
+        ("iter_0001", "checkpoints/rm/iter_0001"),
+    ):
+        out = run_dir / "eval" / folder
+        episodes = read_table(out / "episodes.parquet", EVAL_EPISODES)
+        judgments = read_table(out / "judgments.parquet", EVAL_JUDGMENTS)  # the declared schema, checked
+        assert len(judgments) == episodes[episodes.valid].num_steps.sum() * 3  # every step, m = 3 times
+        assert set(judgments.weights) == {rm} and not list(out.glob("*.judgments.parquet"))  # parts merged
+        rows = {row["split"]: row for row in json.loads((out / "summary.json").read_text())["splits"]}
+        for split, eps in episodes.groupby("split"):
+            judged = judgments[judgments.split == split]
+            expected = outcome_prediction(
+                judged.problem_idx.to_numpy(),
+                judged.step_idx.to_numpy(),
+                judged.step_score.to_numpy(),
+                judged.parsed.to_numpy(),
+                dict(zip(eps.problem_idx, eps.outcome)),
+            )
+            expected = {
+                "rm_step_accuracy": expected["step_accuracy"],
+                "rm_outcome_accuracy": expected["trajectory_accuracy"],
+                "rm_outcome_auroc": expected["auroc"],  # NaN (null) while no episode succeeds
+                "rm_score_gap": expected["score_gap"],
+                "rm_judged": expected["trajectories"],
+                "rm_parse_rate": judged.parsed.mean(),
+            }
+            assert {k: rows[split][k] for k in RM_MEASURES} == {
+                k: None if v != v else pytest.approx(v) for k, v in expected.items()
+            }
+            assert rows[split]["rm_judged"] == 3
+        assert "## Reward model" in (out / "summary.md").read_text()
+    history = eval_history(run_dir)
+    assert len(history) == 6 and history.rm_outcome_accuracy.notna().all() and history.rm_judged.eq(3).all()
+    for key in ("eval/in_domain/rm_outcome_accuracy", "eval/ood/rm_step_accuracy", "eval/ood/rm_parse_rate"):
+        assert sorted(m.step for m in client.get_metric_history(evaluated_run["mlflow_run_id"], key)) == [-1, 0, 1]
+    names = {Path(a.path).name for a in client.list_artifacts(evaluated_run["mlflow_run_id"], "eval/iter_0001")}
+    assert "judgments.parquet" in names
+
+
 def test_the_same_problems_for_every_checkpoint_and_none_from_training(evaluated_run):
     from rlanything.tasks.evaluate import trained_specs
 
@@ -92,6 +138,18 @@ def test_eval_of_a_bare_model_gets_its_own_mlflow_run(evaluated_run, tmp_path):
     assert episodes.split.tolist() == ["ood", "ood"] and episodes.iteration.isna().all()
     client = MlflowClient(result["mlflow_uri"])
     assert [m.step for m in client.get_metric_history(result["mlflow_run_id"], "eval/ood/accuracy")] == [0]
+    judgments = read_table(Path(result["out_dir"]) / "judgments.parquet", EVAL_JUDGMENTS)
+    assert set(judgments.weights) == {"builtin:tiny-random?seed=1"} and judgments.iteration.isna().all()  # rm.model
+    assert len(judgments) == 2 * 3 and result["summary"][0]["rm_judged"] == 2
+
+    off = eval_flow("builtin:tiny-random", str(config), ["eval.rm=false"], "ood", 2)  # the policy alone
+    out = Path(off["out_dir"])
+    assert out == Path(result["out_dir"]) and not (out / "judgments.parquet").exists()  # the earlier one removed
+    assert not [k for k in off["summary"][0] if k.startswith("rm_")] and not [k for k in off["metrics"] if "/rm_" in k]
+    assert "## Reward model" not in (out / "summary.md").read_text()
+    assert off["mlflow_run_id"] == result["mlflow_run_id"]  # the same model and config: its run
+    history = lambda key: client.get_metric_history(off["mlflow_run_id"], key)  # noqa: E731
+    assert len(history("eval/ood/accuracy")) == 2 and len(history("eval/ood/rm_outcome_accuracy")) == 1
 
 
 @pytest.fixture
@@ -106,6 +164,7 @@ def test_cli_prints_the_table(evaluated_run, wide_console):
     result = runner.invoke(app, ["eval", f"{run_dir}@0", "--split", "in_domain", "--problems", "2"], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "accuracy [95% CI]" in result.output and "in_domain" in result.output
+    assert "RM outcome acc" in result.output and "RM AUROC" in result.output  # the RM judged (eval.rm)
     # 2 problems: one of the three Wilson intervals of k/2 (by hand: 0/2 -> [0, 0.6576], 1/2 -> [0.0945, 0.9055])
     assert any(
         cell in result.output for cell in ("0.0% [0.0%, 65.8%]", "50.0% [9.5%, 90.5%]", "100.0% [34.2%, 100.0%]")

@@ -4,6 +4,7 @@ multi-step TextWorld episodes, one rollouts row per step, m judgments per step."
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("textworld", reason="textworld is not installed (pip install textworld==1.7.0)")
@@ -65,6 +66,15 @@ def test_multi_step_rows_and_per_step_judgments(run):
         assert metrics["tokens/policy_prompt"] == steps.prompt_tokens.sum()
         assert later.prompt_tokens.sum() > metrics["tokens/policy_prompt_reused"] >= first_prompts(steps, later)
         assert metrics["tokens/rm_prompt"] == judgments.prompt_ids.map(len).sum()
+        # verify labelled every judged step (TextWorld's rule); advantages scored the RM on them
+        labels = read_table(layout.artifact(iteration, "step_labels"), schemas.STEP_LABELS)
+        judged = judgments[["traj_id", "step_idx"]].drop_duplicates()
+        assert len(labels.merge(judged, on=["traj_id", "step_idx"])) == len(judged) == len(labels)
+        assert set(labels.label) <= {-1, 1} and set(labels.rule) <= {"closer", "unchanged", "farther", "invalid"}
+        verdicts = judgments[judgments.parsed].groupby(["traj_id", "step_idx"]).step_score.mean().map(np.sign)
+        scored = labels.set_index(["traj_id", "step_idx"]).label
+        right = (verdicts.reindex(scored.index).fillna(0) == scored).mean()  # a step nothing parsed: wrong
+        assert metrics["rm/process_labels"] == len(labels) and metrics["rm/process_accuracy"] == pytest.approx(right)
     # Every task failed, so the rule rewrite made each game easier (quest_length 2 -> 1): the
     # environment generated and validated the new games, rolled out as pending in iteration 1.
     adaptation = read_table(layout.artifact(0, "adaptation"), schemas.ADAPTATION)

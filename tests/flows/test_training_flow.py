@@ -17,6 +17,7 @@ ARTIFACTS = {
     "rollouts": schemas.ROLLOUTS,
     "episodes": schemas.EPISODES,
     "outcomes": schemas.OUTCOMES,
+    "step_labels": schemas.STEP_LABELS,
     "judgments": schemas.JUDGMENTS,
     "unit_tests": schemas.UNIT_TESTS,
     "pass_matrix": schemas.PASS_MATRIX,
@@ -53,6 +54,10 @@ def test_every_step_wrote_its_artifacts_with_their_schemas(run):
         assert set(judgments.step_score) <= {-1, 1} and judgments.parsed.all()  # constrained mode
         assert tables["unit_tests"].empty and tables["pass_matrix"].empty  # rm.role judge writes no tests
         assert outcomes.tests_passed.isna().all() and outcomes.tests_total.isna().all()  # no test suite here
+        # reasoning-gym: the one step of every trainable trajectory is labelled with its outcome
+        labels = tables["step_labels"].merge(outcomes, on=["traj_id", "task_id"])
+        assert len(labels) == len(steps) and (labels.step_idx == 0).all() and (labels.label == labels.outcome).all()
+        assert set(labels.rule) == {"answer"}
         adv = tables["advantages"]
         assert (adv.kind == "policy").sum() == len(steps) and (adv.kind == "rm").sum() == len(judgments)
         assert len(tables["policy_update"]) == 2  # updates_per_iteration in tiny.yaml
@@ -104,11 +109,17 @@ def test_mlflow_holds_params_metrics_and_artifacts(run):
         "rm/score_gap",
         "rm_guard/alarm",
         "rm_guard/lam",
+        "rm/process_accuracy",  # reasoning-gym has step labels
+        "rm/process_labels",
     ):
         history = client.get_metric_history(mlrun.info.run_id, key)
         assert sorted(m.step for m in history) == [0, 1], key
     # the guard only warns by default: flagged or not, the policy's λ stays algo.lam
     assert [m.value for m in client.get_metric_history(mlrun.info.run_id, "rm_guard/lam")] == [1.0, 1.0]
+    # one labelled step per trajectory (3 tasks × 4), each judged: all of them count
+    history = lambda key: sorted((m.step, m.value) for m in client.get_metric_history(mlrun.info.run_id, key))  # noqa: E731
+    assert history("rm/process_labels") == [(0, 12), (1, 12)]
+    assert history("rm/process_accuracy") == history("rm/step_outcome_accuracy")  # label = outcome here
     for iteration in ("iter_0000", "iter_0001"):
         names = {Path(a.path).name for a in client.list_artifacts(mlrun.info.run_id, iteration)}
         assert {f"{n}.parquet" for n in ARTIFACTS} | {"summary.json"} <= names, names

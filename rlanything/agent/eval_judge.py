@@ -1,0 +1,126 @@
+r"""The reward model on held-out episodes: does the RM of a checkpoint predict the outcomes of
+greedy episodes it never trained on? (`rlanything eval`, `eval.rm`)
+
+In training, the RM's outcome accuracy (rm/outcome_accuracy, logged by the advantages step) is
+measured on the iteration's own rollouts: the samples it is then trained on. Here the RM of the
+evaluated checkpoint (checkpoints/rm/iter_NNNN; for `@base` and a bare model the config's rm
+model) judges every step of every valid held-out episode m = rm.judgments_per_step times, exactly
+as the rm_score step does: `tasks.scoring.steps_to_judge` gives each step its context (the task,
+the earlier steps), `models.judge.judge_steps` prompts, samples (rm.verdict, rm.temperature,
+rm.top_p) and parses, and the seed derives from (run.seed, iteration, "eval_rm", split) as
+rm_score's does from (run.seed, iteration, "rm_score"), so an evaluation repeats exactly.
+`outcome_prediction` then scores the judgments against the episodes' outcomes, per split.
+
+An invalid episode (its environment or verifier failed) has no outcome and is not judged, as in
+training. An RM that writes unit tests (rm.role unit_tests) judges no step: nothing is measured.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from rlanything.algo.rm_accuracy import outcome_prediction
+from rlanything.envs import env_class
+from rlanything.models.engine import make_engine
+from rlanything.models.judge import judge_steps
+from rlanything.progress import progress
+from rlanything.seeding import derive_seed
+from rlanything.storage.parquet import read_table, write_table
+from rlanything.storage.schemas import EVAL_JUDGMENTS
+
+
+def judge_seed(run_seed: int, iteration: int | None, split: str) -> int:
+    """The RM's sampling seed for one split of one evaluation (a bare model: as the base, -1)."""
+    return derive_seed(run_seed, -1 if iteration is None else iteration, "eval_rm", split)
+
+
+def judge_split(config, weights: Path, label: str, contexts: list[dict], split: str, iteration, out: Path) -> Path:
+    """The RM in `weights` (named `label`) judges `contexts` (`tasks.scoring.steps_to_judge` rows
+    of one split's valid episodes, traj_id = problem_idx) m times each, with the settings of
+    `config.rm` -> `out` (EVAL_JUDGMENTS)."""
+    m = config.rm.judgments_per_step
+    judged = []
+    if contexts:  # no valid episode: no RM to load
+        with progress(f"eval {split}: RM judgments", len(contexts) * m) as advance:
+            engine, tokenizer = make_engine(config.rm, "rm", weights, advance)
+            judged = judge_steps(
+                engine,
+                tokenizer,
+                contexts,
+                judgments_per_step=m,
+                verdict=config.rm.verdict,
+                max_new_tokens=config.rm.max_new_tokens,
+                temperature=config.rm.temperature,
+                top_p=config.rm.top_p,
+                seed=judge_seed(config.run.seed, iteration, split),
+                hint=env_class(config.env.kind).judge_hint,
+            )
+    return write_table(judgment_rows(judged, split, iteration, label), EVAL_JUDGMENTS, out)
+
+
+def judgment_rows(judged: list[dict], split: str, iteration: int | None, weights: str) -> list[dict]:
+    """`judge_steps` rows -> EVAL_JUDGMENTS rows."""
+    return [
+        {
+            "split": split,
+            "problem_idx": row["traj_id"],
+            "step_idx": row["step_idx"],
+            "judge_idx": row["judge_idx"],
+            "verdict_mode": row["verdict_mode"],
+            "prompt": row["prompt"],
+            "reasoning": row["reasoning"],
+            "raw_box": row["raw_box"],
+            "step_score": row["step_score"],
+            "parsed": row["parsed"],
+            "prompt_tokens": len(row["prompt_ids"]),
+            "response_tokens": len(row["response_ids"]),
+            "weights": weights,
+            "iteration": iteration,
+        }
+        for row in judged
+    ]
+
+
+def merge_judgments(parts: list[Path], out: Path) -> Path:
+    """The splits' judgment files -> `out` (EVAL_JUDGMENTS); the parts are removed."""
+    frames = [read_table(p, EVAL_JUDGMENTS) for p in parts]
+    path = write_table(pd.concat(frames, ignore_index=True), EVAL_JUDGMENTS, out)
+    for part in parts:
+        part.unlink()
+    return path
+
+
+def rm_measures(episodes: pd.DataFrame, judgments: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """split -> `reports.eval.RM_MEASURES`, from eval episodes (split, problem_idx, outcome) and their judgments
+    (EVAL_JUDGMENTS). Rates are NaN where nothing was judged, the AUROC also where a split's
+    judged episodes share one outcome.
+
+    >>> episodes = pd.DataFrame({"split": ["ood"] * 2, "problem_idx": [0, 1], "outcome": [1, -1]})
+    >>> judgments = pd.DataFrame({"split": ["ood"] * 4, "problem_idx": [0, 0, 1, 1],
+    ...     "step_idx": [0] * 4, "step_score": [1, 1, 0, -1], "parsed": [True, True, False, True]})
+    >>> m = rm_measures(episodes, judgments)["ood"]
+    >>> m["rm_outcome_accuracy"], m["rm_outcome_auroc"], m["rm_score_gap"], m["rm_judged"], m["rm_parse_rate"]
+    (1.0, 1.0, 0.0, 2, 0.75)
+    """
+    out = {}
+    for split, eps in episodes.groupby("split"):
+        judged = judgments[judgments.split == split]
+        prediction = outcome_prediction(
+            judged.problem_idx.to_numpy(),
+            judged.step_idx.to_numpy(),
+            judged.step_score.to_numpy(),
+            judged.parsed.to_numpy(),
+            dict(zip(eps.problem_idx, eps.outcome)),
+        )
+        out[split] = {
+            "rm_step_accuracy": prediction["step_accuracy"],
+            "rm_outcome_accuracy": prediction["trajectory_accuracy"],
+            "rm_outcome_auroc": prediction["auroc"],
+            "rm_score_gap": prediction["score_gap"],
+            "rm_judged": prediction["trajectories"],
+            "rm_parse_rate": float(judged.parsed.mean()) if len(judged) else math.nan,
+        }
+    return out

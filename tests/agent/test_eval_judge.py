@@ -1,0 +1,114 @@
+"""The RM on held-out episodes (agent/eval_judge.py): its measures by hand, and its judgments of
+greedy episodes made the way the rm_score step makes them (tiny random RM)."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))  # the scripted policy of the env tests
+
+from scripted_policy import ScriptedPolicy  # noqa: E402
+
+from rlanything.agent.eval_judge import judge_split, merge_judgments, rm_measures  # noqa: E402
+from rlanything.agent.evaluate import play_greedy, play_greedy_steps  # noqa: E402
+from rlanything.config import build_config  # noqa: E402
+from rlanything.envs.heldout import heldout_specs  # noqa: E402
+from rlanything.reports.eval import RM_MEASURES  # noqa: E402
+from rlanything.storage.parquet import read_table  # noqa: E402
+from rlanything.storage.schemas import EVAL_JUDGMENTS  # noqa: E402
+from rlanything.tasks.scoring import steps_to_judge  # noqa: E402
+
+ARITH = {
+    "min_terms": 2,
+    "max_terms": 2,
+    "min_digits": 1,
+    "max_digits": 1,
+    "operators": ["+"],
+    "allow_parentheses": False,
+    "allow_negation": False,
+}
+
+
+def test_rm_measures_by_hand():
+    # in_domain: episode 0 (O = +1) steps 0: S = +1, +1, -1 and 1: S = -1, -1, -1 (step means
+    # +1/3, -1: majority verdicts +1 right, -1 wrong); episode 1 (O = -1) one step S = -1, unparsed,
+    # +1 (mean of the parsed: 0, a tie: wrong); episode 2 invalid, never judged.
+    # Episode means -1/3 (sign wrong for O = +1) and 0 (a tie: wrong) -> outcome accuracy 0;
+    # AUROC: -1/3 < 0 -> 0; gap mean(-1/3, 0) - mean(+1, -1) = -1/6; parse rate 8/9.
+    # ood: both episodes failed (one outcome: AUROC NaN), each one step S = -1 -> accuracies 1.
+    episodes = pd.DataFrame(
+        {
+            "split": ["in_domain"] * 3 + ["ood"] * 2,
+            "problem_idx": [0, 1, 2, 0, 1],
+            "outcome": [1, -1, -1, -1, -1],
+        }
+    )
+    judgments = pd.DataFrame(
+        {
+            "split": ["in_domain"] * 9 + ["ood"] * 2,
+            "problem_idx": [0] * 6 + [1] * 3 + [0, 1],
+            "step_idx": [0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0],
+            "step_score": [1, 1, -1, -1, -1, -1, -1, 0, 1, -1, -1],
+            "parsed": [True] * 7 + [False] + [True] * 3,
+        }
+    )
+    measures = rm_measures(episodes, judgments)
+    assert list(measures["in_domain"]) == list(RM_MEASURES)
+    ind = measures["in_domain"]
+    assert ind["rm_step_accuracy"] == pytest.approx(1 / 3)
+    assert ind["rm_outcome_accuracy"] == 0.0 and ind["rm_outcome_auroc"] == 0.0
+    assert ind["rm_score_gap"] == pytest.approx(-1 / 6)
+    assert ind["rm_judged"] == 2 and ind["rm_parse_rate"] == pytest.approx(8 / 9)
+    ood = measures["ood"]
+    assert ood["rm_step_accuracy"] == ood["rm_outcome_accuracy"] == 1.0 and math.isnan(ood["rm_outcome_auroc"])
+    assert ood["rm_score_gap"] == 0.0 and ood["rm_judged"] == 2 and ood["rm_parse_rate"] == 1.0
+
+
+def test_a_split_with_nothing_judged_has_nan_rates():
+    episodes = pd.DataFrame({"split": ["ood"], "problem_idx": [0], "outcome": [-1]})
+    measures = rm_measures(episodes, pd.DataFrame(columns=EVAL_JUDGMENTS.names))["ood"]
+    assert measures["rm_judged"] == 0
+    assert all(math.isnan(measures[k]) for k in RM_MEASURES if k != "rm_judged")
+
+
+def test_held_out_steps_are_judged_as_the_rm_score_step_judges_them(tiny_tokenizer, tmp_path):
+    config = build_config(
+        {},
+        [
+            f"env.dataset_config={json.dumps(ARITH)}",
+            "rm.model=builtin:tiny-random?seed=1",
+            "rm.max_new_tokens=4",
+            "rm.verdict=constrained",
+        ],
+    )
+    bad = {"dataset": "basic_arithmetic", "config": {"max_terms": "x"}, "seed": 99_003}  # the environment crashes
+    specs = [*heldout_specs(config.env, "in_domain", 2, 0), bad]
+    policy = ScriptedPolicy(tiny_tokenizer, lambda observations: "so \\boxed{3}")
+    rows, steps = play_greedy_steps(policy, tiny_tokenizer, config.env, specs, "in_domain", max_new_tokens=8)
+    assert rows == play_greedy(policy, tiny_tokenizer, config.env, specs, "in_domain", max_new_tokens=8)
+    assert [r["valid"] for r in rows] == [True, True, False]
+    assert [(s["traj_id"], s["step_idx"], s["response"]) for s in steps] == [
+        (0, 0, "so \\boxed{3}"),
+        (1, 0, "so \\boxed{3}"),
+    ]
+    episodes = pd.DataFrame(rows).rename(columns={"problem_idx": "traj_id"}).assign(pending=False)
+    contexts = steps_to_judge(pd.DataFrame(steps), episodes, episodes)
+    assert [(c["traj_id"], c["task"]) for c in contexts] == [(k, rows[k]["first_observation"]) for k in (0, 1)]
+
+    from rlanything.models.loading import resolve_model_path
+
+    rm = resolve_model_path(config.rm_model)
+    parts = [judge_split(config, rm, "the rm", contexts, "in_domain", 3, tmp_path / f"{n}.parquet") for n in "ab"]
+    first, again = (read_table(p, EVAL_JUDGMENTS) for p in parts)
+    assert len(first) == 2 * config.rm.judgments_per_step  # two valid one-step episodes, m = 3 each
+    assert first.problem_idx.tolist() == [0, 0, 0, 1, 1, 1] and first.judge_idx.tolist() == [0, 1, 2] * 2
+    assert first.parsed.all() and set(first.step_score) <= {-1, 1}  # constrained verdicts (the default)
+    assert (first.weights == "the rm").all() and (first.iteration == 3).all()
+    assert "so \\boxed{3}" in first.prompt[0] and rows[0]["first_observation"] in first.prompt[0]
+    pd.testing.assert_frame_equal(first, again)  # a seed derived from (run.seed, iteration, split)
+    merged = read_table(merge_judgments([Path(p) for p in parts], tmp_path / "judgments.parquet"), EVAL_JUDGMENTS)
+    assert len(merged) == 12 and not any(Path(p).exists() for p in parts)

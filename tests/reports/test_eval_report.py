@@ -1,0 +1,57 @@
+"""The held-out evaluation's views: the RM's table in summary.md and the evaluation history of a
+run, whose RM columns are NaN where no RM judged (eval.rm off, or a summary written before)."""
+
+import json
+import math
+
+import pandas as pd
+
+from rlanything.reports.eval import RM_MEASURES, eval_history, summary_markdown
+
+ROW = {
+    "split": "in_domain",
+    "env_kind": "reasoning_gym",
+    "n": 4,
+    "accuracy": 0.5,
+    "ci_low": 0.15,
+    "ci_high": 0.85,
+    "strict_accuracy": 0.25,
+    "strict_ci_low": 0.05,
+    "strict_ci_high": 0.7,
+    "fallback_accuracy": 0.5,
+    "format_rate": 0.75,
+    "env_errors": 0,
+}
+RM = {
+    "rm_step_accuracy": 0.5,
+    "rm_outcome_accuracy": 0.75,
+    "rm_outcome_auroc": None,  # one outcome only: null in summary.json
+    "rm_score_gap": -1 / 3,
+    "rm_judged": 4,
+    "rm_parse_rate": 1.0,
+}
+
+
+def write_summary(run_dir, folder: str, iteration: int, splits: list[dict]) -> None:
+    out = run_dir / "eval" / folder
+    out.mkdir(parents=True)
+    record = {"iteration": iteration, "weights": "w", "splits": splits, "wall_time_s": float(iteration + 1)}
+    (out / "summary.json").write_text(json.dumps(record))
+
+
+def test_eval_history_has_the_rm_columns_nan_where_no_rm_judged(tmp_path):
+    write_summary(tmp_path, "base", -1, [ROW])  # written before the RM was evaluated, or eval.rm off
+    write_summary(tmp_path, "iter_0000", 0, [ROW | RM])
+    history = eval_history(tmp_path).sort_values("iteration")
+    assert set(RM_MEASURES) <= set(history) and all(history[c].dtype == float for c in RM_MEASURES)
+    old, new = history.iloc[0], history.iloc[1]
+    assert all(math.isnan(old[c]) for c in RM_MEASURES)
+    assert new.rm_outcome_accuracy == 0.75 and math.isnan(new.rm_outcome_auroc) and new.rm_judged == 4
+    assert eval_history(tmp_path / "no-such-run").empty
+
+
+def test_summary_markdown_adds_the_rm_table_only_where_it_judged():
+    details = {"reward model": "checkpoints/rm/iter_0000 (m = 3, constrained verdicts)"}
+    text = summary_markdown(pd.DataFrame([ROW | RM]), "t", details)
+    assert "| in_domain | 4 | 75.0% | n/a | 50.0% | -0.33 | 100.0% |" in text  # AUROC undefined: n/a
+    assert "## Reward model" not in summary_markdown(pd.DataFrame([ROW]), "t", details)
