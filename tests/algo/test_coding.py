@@ -125,6 +125,24 @@ def test_unit_test_samples_hand_computed():
     assert rm["drop_reason"].tolist() == [None, None, "out_of_band", "out_of_band"]
 
 
+def test_unit_test_samples_outcome_weight_zero_pays_the_generated_tests_only():
+    """RM signal only (outcome_weight 0): R = λ·generated fraction; the tests' rewards unchanged.
+    Task a: generated fractions 1, 0 -> R = 1, 0 (λ = 1), although both pass half the ground truth."""
+    tests = {"task_id": np.array(["a", "a"]), "test_idx": np.array([0, 1]), "reward": np.array([2.0, -2.0])}
+    trajectories = {
+        "traj_id": np.array([0, 1]),
+        "task_id": np.array(["a", "a"]),
+        "outcome": np.array([1, -1]),
+        "test_fraction": np.array([0.5, 0.5]),
+        "generated_fraction": np.array([1.0, 0.0]),
+    }
+    pol, rm = unit_test_samples(
+        tests, trajectories, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=0.0
+    )
+    assert pol["reward"].tolist() == [1.0, 0.0]
+    assert rm["reward"].tolist() == [2.0, -2.0]
+
+
 def test_unit_test_samples_all_equal_rewards_are_zero_std_and_unknown_tasks_raise():
     trajectories = {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1]),
                     "test_fraction": np.array([1.0, 0.0]), "generated_fraction": np.zeros(2)}  # fmt: skip
