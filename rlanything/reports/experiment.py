@@ -94,32 +94,46 @@ def _last_eval(heldout: pd.DataFrame) -> pd.DataFrame:
     return heldout[heldout.iteration == newest]
 
 
+BASE_ROW = ("base", "starting model (before training)")
+
+
 def comparison_table(
     arms: dict[str, str], training: pd.DataFrame, heldout: pd.DataFrame, splits: list[str]
 ) -> pd.DataFrame:
-    """One row per arm (in `arms` order; `arms`: name -> label) with the numbers of the module
-    docstring; `strict_<split>`, `accuracy_<split>` are pooled dicts (`pooled_accuracy`)."""
+    """One row for the starting model (arm "base": its evaluation, once per seed), then one per
+    arm (in `arms` order; `arms`: name -> label) with the numbers of the module docstring;
+    `strict_<split>`, `accuracy_<split>` are pooled dicts (`pooled_accuracy`)."""
     last = _last_eval(heldout)
-    rows = []
+    base = heldout[heldout.iteration < 0].drop_duplicates(["seed", "split"]) if len(heldout) else heldout
+    rows = [{"arm": BASE_ROW[0], "label": BASE_ROW[1], "seeds": int(base.seed.nunique()) if len(base) else 0}]
+    rows[0] |= {"iterations": 0, "training_min": 0.0, **_heldout_numbers(base, splits)}
+    rows[0] |= {metric: math.nan for metric in TRAINING_METRICS[1:]}
     for arm, label in arms.items():
         train = training[training.arm == arm] if len(training) else training
         final = train[train.iteration == train.groupby("seed").iteration.transform("max")] if len(train) else train
         row = {"arm": arm, "label": label, "seeds": int(final.seed.nunique()) if len(final) else 0}
         row["iterations"] = int(final.iteration.max() + 1) if len(final) else 0
         row["training_min"] = float(final.wall_time_s.mean() / 60) if len(final) else math.nan
-        for split in splits:
-            rows_split = last[(last.arm == arm) & (last.split == split)] if len(last) else last
-            for column in ("strict_accuracy", "accuracy"):
-                key = f"{column.split('_')[0]}_{split}"
-                row[key] = pooled_accuracy(rows_split, column) if len(rows_split) else None
-            for column in ("rm_outcome_accuracy", "rm_outcome_auroc"):
-                values = rows_split[column] if len(rows_split) and column in rows_split else pd.Series(dtype=float)
-                row[f"heldout_{column}_{split}"] = float(values.mean()) if values.notna().any() else math.nan
+        row |= _heldout_numbers(last[last.arm == arm] if len(last) else last, splits)
         for metric in TRAINING_METRICS[1:]:
             values = final[metric] if len(final) else pd.Series(dtype=float)
             row[metric] = float(values.mean()) if values.notna().any() else math.nan
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _heldout_numbers(evals: pd.DataFrame, splits: list[str]) -> dict:
+    """Pooled held-out accuracies and mean RM measures per split of one row's evaluations."""
+    row = {}
+    for split in splits:
+        rows_split = evals[evals.split == split] if len(evals) else evals
+        for column in ("strict_accuracy", "accuracy"):
+            key = f"{column.split('_')[0]}_{split}"
+            row[key] = pooled_accuracy(rows_split, column) if len(rows_split) else None
+        for column in ("rm_outcome_accuracy", "rm_outcome_auroc"):
+            values = rows_split[column] if len(rows_split) and column in rows_split else pd.Series(dtype=float)
+            row[f"heldout_{column}_{split}"] = float(values.mean()) if values.notna().any() else math.nan
+    return row
 
 
 def _ci(pool: dict | None) -> str:

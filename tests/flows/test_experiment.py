@@ -84,7 +84,7 @@ def test_ablation_killed_after_an_arm_resumes_and_compares(prefect_api_url, smal
     for spec in ARMS.values():
         assert f"| {spec.label} | 1 | 1 |" in table
     records = json.loads((folder / "comparison.json").read_text())
-    assert [r["arm"] for r in records] == list(ARMS)
+    assert [r["arm"] for r in records] == ["base", *ARMS]  # the starting model first
     assert all(r["strict_in_domain"]["n"] == 2 and r["strict_ood"]["n"] == 2 for r in records)
     assert all(0 <= r["heldout_rm_outcome_accuracy_in_domain"] <= 1 for r in records)  # eval.rm: the RM judged
     for figure in FIGURES:

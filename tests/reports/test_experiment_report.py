@@ -74,7 +74,10 @@ def test_iteration_history_sums_step_times(runs):
 def test_comparison_table_by_hand(runs):
     training, heldout = report.collect(runs)
     table = report.comparison_table(ARMS, training, heldout, ["in_domain"]).set_index("arm")
-    po, rm = table.loc["policy-only"], table.loc["plus-rm"]
+    po, rm, base = table.loc["policy-only"], table.loc["plus-rm"], table.loc["base"]
+    # the starting model: policy-only's base evaluations (0.1 strict, 0.3 with fallback of 10, per seed)
+    assert (base.seeds, base.iterations) == (2, 0) and list(table.index) == ["base", "policy-only", "plus-rm"]
+    assert (base.strict_in_domain["successes"], base.accuracy_in_domain["successes"]) == (2, 6)
     assert (po.seeds, po.iterations, po.training_min) == (2, 2, 3.0)
     # last evaluation, seeds pooled: (2 + 4) of 20 strict, (3 + 5) of 20 with fallback
     assert (po.strict_in_domain["successes"], po.strict_in_domain["n"]) == (6, 20)
