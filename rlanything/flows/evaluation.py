@@ -45,7 +45,7 @@ from rlanything.envs.heldout import SPLITS
 from rlanything.reports.eval import eval_history, plot_eval_curves, training_wall_time
 from rlanything.storage import tracking
 from rlanything.storage.layout import RunLayout
-from rlanything.tasks.evaluate import add_rm_measures, eval_report, evaluate_split
+from rlanything.tasks.evaluate import eval_report, evaluate_split
 
 BASE = -1  # the "iteration" of a run's starting model (MLflow step -1, wall time 0)
 
@@ -206,9 +206,9 @@ def eval_flow(
         "reward model": rm_label
         + (f" (m = {config.rm.judgments_per_step}, {config.rm.verdict} verdicts)" if rm_weights else ""),
     }
-    report = eval_report([p for part in parts for p in part["paths"]], str(out), title, details)
+    judged = [part["judgments"] for part in parts if part["judgments"]]
+    report = eval_report([p for part in parts for p in part["paths"]], judged, str(out), title, details)
     metrics = {k: v for part in parts for k, v in part["metrics"].items()} | report["metrics"]
-    metrics |= add_rm_measures(report, parts, out, title, details)
     metrics["eval/time_s"] = time.perf_counter() - start
     curves = _record(config.mlflow_uri, run_id, resolved, out, report, metrics, artifact_path, step)
     return {

@@ -70,40 +70,21 @@ def evaluate_split(
     return result
 
 
-def add_rm_measures(report: dict, parts: list[dict], out: Path, title: str, details: dict[str, str]) -> dict:
-    """The splits' judgments -> out/judgments.parquet, the RM measures added to the report's split
-    rows and summary.md -> the metrics `eval/<split>/rm_*`. Without judgments (eval.rm off, no
-    judging RM) the rows stay as they are and an earlier judgments.parquet is removed."""
-    judged = [Path(part["judgments"]) for part in parts if part["judgments"]]
-    if not judged:
-        (out / "judgments.parquet").unlink(missing_ok=True)  # from an earlier evaluation with the RM
-        return {}
-    path = merge_judgments(judged, out / "judgments.parquet")
-    episodes = read_table(out / "episodes.parquet", EVAL_EPISODES)
-    measures = rm_measures(episodes, read_table(path, EVAL_JUDGMENTS))
-    metrics = {}
-    for row in report["splits"]:
-        values = measures[row["split"]]
-        row.update({k: None if math.isnan(v) else v for k, v in values.items()})  # JSON: NaN -> null
-        metrics |= {f"eval/{row['split']}/{k}": float(values[k]) for k in RM_MEASURES}
-    (out / "summary.md").write_text(summary_markdown(pd.DataFrame(report["splits"]), title, details))
-    report["paths"].append(str(path))
-    return metrics
-
-
 @task(name="eval-report")
-def eval_report(split_paths: list[str], out_dir: str, title: str, details: dict[str, str]) -> dict:
-    """The splits' episodes -> episodes.parquet, summary.md, eval.png, summary.json; the
-    metrics `eval/<split>/<measure>` (accuracy, ci_low, ci_high, strict_accuracy,
-    fallback_accuracy, format_rate, n, env_errors)."""
+def eval_report(
+    split_paths: list[str], judgment_paths: list[str], out_dir: str, title: str, details: dict[str, str]
+) -> dict:
+    """The splits' episodes (and, where the RM judged them, their judgments) -> episodes.parquet,
+    judgments.parquet, summary.md, eval.png; the split rows of summary.json and the metrics
+    `eval/<split>/<measure>` (accuracy, ci_low, ci_high, strict_accuracy, fallback_accuracy,
+    format_rate, n, env_errors, and the RM's `RM_MEASURES`). Without judgments (eval.rm off, no
+    judging RM) an earlier judgments.parquet is removed."""
     out = Path(out_dir)
     episodes = pd.concat([read_table(Path(p), EVAL_EPISODES) for p in split_paths], ignore_index=True)
     paths = [write_table(episodes, EVAL_EPISODES, out / "episodes.parquet")]
     for part in split_paths:  # now inside episodes.parquet
         Path(part).unlink()
     summary = success_summary(episodes, ["env_kind", "split"])
-    (out / "summary.md").write_text(summary_markdown(summary, title, details))
-    paths += [out / "summary.md", plot_splits(summary, title, out / "eval.png")]
     measures = (
         "accuracy",
         "ci_low",
@@ -116,4 +97,17 @@ def eval_report(split_paths: list[str], out_dir: str, title: str, details: dict[
     )
     metrics = {f"eval/{r['split']}/{m}": float(r[m]) for _, r in summary.iterrows() for m in measures}
     splits = json.loads(summary.to_json(orient="records"))  # NaN -> null
+    table = summary
+    if judgment_paths:
+        paths.append(merge_judgments([Path(p) for p in judgment_paths], out / "judgments.parquet"))
+        rm = rm_measures(episodes, read_table(paths[-1], EVAL_JUDGMENTS))
+        for row in splits:
+            values = rm[row["split"]]
+            row.update({k: None if math.isnan(v) else v for k, v in values.items()})  # JSON: NaN -> null
+            metrics |= {f"eval/{row['split']}/{k}": float(values[k]) for k in RM_MEASURES}
+        table = pd.DataFrame(splits)
+    else:
+        (out / "judgments.parquet").unlink(missing_ok=True)  # from an earlier evaluation with the RM
+    (out / "summary.md").write_text(summary_markdown(table, title, details))
+    paths += [out / "summary.md", plot_splits(summary, title, out / "eval.png")]
     return {"paths": [str(p) for p in paths], "metrics": metrics, "splits": splits}
