@@ -124,6 +124,12 @@ def plot_splits(summary: pd.DataFrame, title: str, out: Path) -> Path:
     return out
 
 
+def step_seconds(summary: dict) -> float:
+    """Training time of one iteration: the sum of its steps' own wall times (`time/*_s` in its
+    summary.json)."""
+    return sum(v for k, v in summary.items() if k.startswith("time/") and k.endswith("_s"))
+
+
 def training_wall_time(run_dir: Path, iteration: int) -> float:
     """Seconds of training up to the end of `iteration`: the step wall times (`time/*_s`) in
     iter_NNNN/summary.json summed over iterations 0..iteration (resume gaps and evaluations
@@ -132,9 +138,7 @@ def training_wall_time(run_dir: Path, iteration: int) -> float:
     for i in range(iteration + 1):
         path = Path(run_dir) / f"iter_{i:04d}" / "summary.json"
         if path.exists():
-            total += sum(
-                v for k, v in json.loads(path.read_text()).items() if k.startswith("time/") and k.endswith("_s")
-            )
+            total += step_seconds(json.loads(path.read_text()))
     return total
 
 

@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from rlanything.algo.metrics import wilson_interval
-from rlanything.reports.eval import eval_history, pct
+from rlanything.reports.eval import eval_history, pct, step_seconds
 
 # Training metrics the comparison reads from iter_NNNN/summary.json (absent ones stay NaN).
 TRAINING_METRICS = (
@@ -52,7 +52,7 @@ def iteration_history(run_dir: Path) -> pd.DataFrame:
     paths = sorted(Path(run_dir).glob("iter_*/summary.json"))
     for path in paths:
         record = json.loads(path.read_text())
-        wall += sum(v for k, v in record.items() if k.startswith("time/") and k.endswith("_s"))
+        wall += step_seconds(record)
         row = {"iteration": int(record["iteration"]), "wall_time_s": wall}
         rows.append(row | {k: float(record.get(k, math.nan)) for k in TRAINING_METRICS})
     return pd.DataFrame(rows, columns=["iteration", "wall_time_s", *TRAINING_METRICS])
