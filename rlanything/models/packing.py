@@ -171,7 +171,11 @@ def packed_response_logprobs(
         logits_to_keep=keep.to(device),
     ).logits  # (K, V)
     picked = index[row_of, node_of].to(device)  # a branching node's logits serve each of its children
-    chosen = token_logprobs(logits[picked], torch.tensor(target, device=device), temperature)
+    # index_select, not logits[picked]: with repeated indices the latter's backward is
+    # index_put_(accumulate=True), whose multi-threaded CPU kernel adds with float atomics in
+    # scheduling order, so the weights depended on the load (index_add_ sums in index order)
+    rows = logits.index_select(0, picked)
+    chosen = token_logprobs(rows, torch.tensor(target, device=device), temperature)
     out = torch.zeros((len(seqs), R), dtype=chosen.dtype, device=device)
     out[seq_of, col_of] = chosen
     lens = torch.tensor(response_lens, device=device)

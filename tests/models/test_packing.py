@@ -83,3 +83,26 @@ def test_each_distinct_prefix_is_fed_once(tiny_model_path):
     distinct = len({tuple(s[:k]) for s in seqs for k in range(1, len(s) + 1)})
     assert sum(len(t.tokens) for t in trees) == distinct < sum(map(len, seqs))
     assert fed == [torch.Size([len(trees), max(len(t.tokens) for t in trees)])]
+
+
+def test_gradients_do_not_depend_on_the_thread_count(tiny_model_path):
+    """Repeated sequences make a node's logits serve several response tokens; their gradient
+    must be summed in a fixed order. (`logits[picked]` summed them with float atomics across
+    threads, so a resumed run under load differed from an uninterrupted one in the last bits.)"""
+    model = load_model(tiny_model_path)
+    model.train()
+    seqs, lens = shared_batch(2)
+    seqs, lens = seqs * 4, lens * 4  # every response 4 times, as in a group of equal answers
+    params = [p for p in model.parameters() if p.requires_grad]
+    threads = torch.get_num_threads()
+    grads = {}
+    try:
+        for n in (1, 4, 1, 4):
+            torch.set_num_threads(n)
+            packed, mask = packed_response_logprobs(model, seqs, lens, 0, 0.7)
+            grads.setdefault(n, []).append(torch.autograd.grad((packed * mask).sum(), params))
+    finally:
+        torch.set_num_threads(threads)
+    reference = grads[1][0]
+    for got in grads[1][1:] + grads[4]:
+        assert all(torch.equal(a, b) for a, b in zip(reference, got))
