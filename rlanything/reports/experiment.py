@@ -188,19 +188,42 @@ def comparison_markdown(
     return "\n".join(lines) + "\n"
 
 
-def _lines(ax, frame: pd.DataFrame, x: str, y: str, arms: dict[str, str], scale: float = 1.0) -> None:
+def _lines(
+    ax, frame: pd.DataFrame, x: str, y: str, arms: dict[str, str], scale: float = 1.0, linestyle: str = "-"
+) -> None:
     """One line per (arm, seed), arms in `arms` order: colour by arm, marker by seed; the arm's
-    label once. Identical runs draw on top of each other."""
+    label once (solid lines only). Identical runs draw on top of each other."""
     markers = "os^vD<>"
     for i, (arm, label) in enumerate(arms.items()):
         for k, (seed, rows) in enumerate(frame[frame.arm == arm].groupby("seed", sort=True)):
             rows = rows.sort_values(x)
             if rows[y].notna().any():
                 marker = markers[int(seed) % len(markers)]
-                ax.plot(rows[x] * scale, rows[y], color=f"C{i}", marker=marker, label=None if k else label)
+                shown = label if k == 0 and linestyle == "-" else None
+                ax.plot(rows[x] * scale, rows[y], color=f"C{i}", marker=marker, linestyle=linestyle, label=shown)
     if x == "iteration":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
+
+
+def heldout_figure(
+    arms: dict[str, str], heldout: pd.DataFrame, splits: list[str], x: str, scale: float, xlabel: str
+) -> Figure:
+    """Held-out accuracy against `x` (iteration or wall time), a panel per split: strict solid;
+    when some answer was read by the environment's answer fallback (accuracy differs from strict
+    anywhere), the accuracy with the fallback dashed, so a model that never boxes (all strict
+    zeros) still shows what it did."""
+    fallback = len(heldout) > 0 and bool((heldout.accuracy - heldout.strict_accuracy).abs().gt(1e-9).any())
+    fig = Figure(figsize=(6 * max(1, len(splits)), 4.2), layout="constrained")
+    for ax, split in zip(fig.subplots(1, max(1, len(splits)), squeeze=False)[0], splits):
+        rows = heldout[heldout.split == split] if len(heldout) else heldout
+        if len(rows):
+            _lines(ax, rows, x, "strict_accuracy", arms, scale)
+            if fallback:
+                _lines(ax, rows, x, "accuracy", arms, scale, linestyle="--")
+        what = "strict (solid), with answer fallback (dashed)" if fallback else "strict"
+        ax.set(title=f"{split}: held-out accuracy, {what}", xlabel=xlabel, ylim=(-0.02, 1.02))
+    return fig
 
 
 def plot_figures(
@@ -221,12 +244,7 @@ def plot_figures(
         ("heldout_vs_iteration", "iteration", 1.0, "iteration (-1: the starting model)"),
         ("heldout_vs_wall_time", "wall_time_s", 1 / 60, "training wall time (min)"),
     ):
-        fig = Figure(figsize=(6 * max(1, len(splits)), 4.2), layout="constrained")
-        for ax, split in zip(fig.subplots(1, max(1, len(splits)), squeeze=False)[0], splits):
-            if len(strict):
-                _lines(ax, strict[strict.split == split], x, "strict_accuracy", arms, scale)
-            ax.set(title=f"{split}: strict held-out accuracy (greedy)", xlabel=xlabel, ylim=(-0.02, 1.02))
-        save(fig, name)
+        save(heldout_figure(arms, strict, splits, x, scale, xlabel), name)
 
     outcome_arms = {a: arms[a] for a in arms if a != "plus-rm-env"}  # the arms that differ in the reward only
     fig = Figure(figsize=(12, 4.2), layout="constrained")

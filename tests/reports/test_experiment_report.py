@@ -110,3 +110,20 @@ def test_figures_are_written(runs, tmp_path):
 def test_pooled_accuracy_of_nothing_is_nan():
     pool = report.pooled_accuracy(pd.DataFrame({"n": [0], "strict_accuracy": [math.nan]}))
     assert pool["n"] == 0 and math.isnan(pool["rate"]) and math.isnan(pool["ci_low"])
+
+
+def test_heldout_figure_dashes_the_fallback_accuracy_only_where_it_differs(runs):
+    _, heldout = report.collect(runs)
+    fig = report.heldout_figure(ARMS, heldout, ["in_domain"], "iteration", 1.0, "iteration")
+    lines = fig.axes[0].get_lines()
+    solid = [line for line in lines if line.get_linestyle() == "-"]
+    dashed = [line for line in lines if line.get_linestyle() == "--"]
+    assert len(solid) == len(dashed) == 4  # 2 arms x 2 seeds
+    # policy-only seed 0: the starting model (iteration -1) and iteration 1, strict 0.1, 0.2; with fallback 0.3, 0.3
+    assert list(solid[0].get_xdata()) == [-1, 1] and list(solid[0].get_ydata()) == [0.1, 0.2]
+    assert list(dashed[0].get_ydata()) == pytest.approx([0.3, 0.3])
+    assert fig.axes[0].get_legend_handles_labels()[1] == list(ARMS.values())  # each arm labelled once
+    same = heldout.assign(accuracy=heldout.strict_accuracy)  # no answer needed the fallback
+    fig = report.heldout_figure(ARMS, same, ["in_domain"], "iteration", 1.0, "iteration")
+    assert {line.get_linestyle() for line in fig.axes[0].get_lines()} == {"-"}
+    assert "dashed" not in fig.axes[0].get_title()
