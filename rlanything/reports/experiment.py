@@ -199,8 +199,8 @@ def _lines(
             rows = rows.sort_values(x)
             if rows[y].notna().any():
                 marker = markers[int(seed) % len(markers)]
-                shown = label if k == 0 and linestyle == "-" else None
-                ax.plot(rows[x] * scale, rows[y], color=f"C{i}", marker=marker, linestyle=linestyle, label=shown)
+                legend = label if k == 0 and linestyle == "-" else None
+                ax.plot(rows[x] * scale, rows[y], color=f"C{i}", marker=marker, linestyle=linestyle, label=legend)
     if x == "iteration":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
@@ -231,7 +231,7 @@ def plot_figures(
 ) -> list[Path]:
     """The five PNGs of `FIGURES` in `out_dir`; returns their paths."""
     paths = []
-    strict = heldout[heldout.split.isin(splits)] if len(heldout) else heldout
+    shown = heldout[heldout.split.isin(splits)] if len(heldout) else heldout  # both accuracies
 
     def save(fig: Figure, name: str) -> None:
         for ax in fig.axes:
@@ -244,15 +244,15 @@ def plot_figures(
         ("heldout_vs_iteration", "iteration", 1.0, "iteration (-1: the starting model)"),
         ("heldout_vs_wall_time", "wall_time_s", 1 / 60, "training wall time (min)"),
     ):
-        save(heldout_figure(arms, strict, splits, x, scale, xlabel), name)
+        save(heldout_figure(arms, shown, splits, x, scale, xlabel), name)
 
     outcome_arms = {a: arms[a] for a in arms if a != "plus-rm-env"}  # the arms that differ in the reward only
     fig = Figure(figsize=(12, 4.2), layout="constrained")
     left, right = fig.subplots(1, 2)
     if len(training):
         _lines(left, training[training.arm.isin(list(outcome_arms))], "iteration", "accuracy", outcome_arms)
-    if len(strict) and splits:
-        rows = strict[(strict.split == splits[0]) & strict.arm.isin(list(outcome_arms))]
+    if len(shown) and splits:
+        rows = shown[(shown.split == splits[0]) & shown.arm.isin(list(outcome_arms))]
         _lines(right, rows, "iteration", "strict_accuracy", outcome_arms)
     left.set(title="training-batch accuracy (sampled)", xlabel="iteration", ylim=(-0.02, 1.02))
     right.set(title=f"held-out {splits[0] if splits else ''} strict accuracy", xlabel="iteration", ylim=(-0.02, 1.02))
