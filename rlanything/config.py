@@ -221,8 +221,11 @@ class PolicyConfig(ModelConfig):
 class RewardModelConfig(ModelConfig):
     temperature: float = Field(0.8, gt=0)
     """Sampling temperature of judgments."""
-    judgments_per_step: int = Field(3, ge=1)
-    """m: independent judgments of every step."""
+    judgments_per_step: int = Field(3, ge=0)
+    """m: independent judgments of every step. 0: the RM is out of the loop (the policy-only
+    arm: needs algo.lam 0, rm.optim.frozen and adapt.enabled false); rm_score judges nothing and
+    writes an empty judgments artifact, evaluations skip the RM, and an iteration costs the
+    rollouts and the policy update alone."""
     verdict: Literal["free", "constrained"] = "free"
     """`free`: the RM writes its own \\boxed{±1}; `constrained`: the verdict token is sampled
     from the model restricted to 1/-1 (for small models that rarely box a verdict themselves)."""
@@ -617,12 +620,26 @@ class Config(_Section):
             raise ValueError(
                 f"rm.role unit_tests needs env.kind coding (got {self.env.kind!r}): tests need code to run"
             )
+        if self.rm.judgments_per_step == 0:
+            self._check_no_rm()
         if self.rm.engine == "vllm" and self.rm.verdict == "constrained" and self.rm.temperature != 1:
             raise ValueError(
                 "rm.engine vllm scores verdicts at temperature 1 only (its prompt log-probs ignore "
                 "temperature): use rm.verdict free, rm.temperature 1, or rm.engine transformers"
             )
         return self
+
+    def _check_no_rm(self) -> None:
+        # Without judgments nothing may need them: the policy's reward, the RM's samples, the critic.
+        needs = {
+            "algo.lam: 0 (the policy's reward uses the verdicts)": self.algo.lam == 0,
+            "rm.optim.frozen: true (the RM trains on its judgments)": self.rm.optim.frozen,
+            "adapt.enabled: false (the critic summarises the RM's reasoning)": not self.adapt.enabled,
+            "rm.role: judge (unit tests are written, not judged)": self.rm.role == "judge",
+        }
+        missing = [need for need, ok in needs.items() if not ok]
+        if missing:
+            raise ValueError("rm.judgments_per_step 0 (no RM in the loop) needs " + "; ".join(missing))
 
     @property
     def rm_model(self) -> str:

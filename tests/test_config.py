@@ -184,6 +184,19 @@ def test_env_model_with_vllm_needs_top_p_1():
         build_config({"env_model": {"engine": "vllm", "top_p": 0.9}})
 
 
+NO_RM = ["rm.judgments_per_step=0", "algo.lam=0", "rm.optim.frozen=true", "adapt.enabled=false"]
+
+
+def test_no_rm_in_the_loop_needs_everything_that_reads_judgments_off():
+    assert build_config({}, NO_RM).rm.judgments_per_step == 0
+    with pytest.raises(ConfigError, match=r"judgments_per_step 0 .* needs algo.lam: 0.*; adapt.enabled: false"):
+        build_config({}, ["rm.judgments_per_step=0", "rm.optim.frozen=true"])  # lam 1, adapt on
+    with pytest.raises(ConfigError, match=r"needs rm.optim.frozen: true \(the RM trains on its judgments\) \(got"):
+        build_config({}, [*NO_RM, "rm.optim.frozen=false"])
+    with pytest.raises(ConfigError, match=r"rm.judgments_per_step"):
+        build_config({}, ["rm.judgments_per_step=-1"])
+
+
 # ---------------------------------------------------------------- environment options by kind
 
 

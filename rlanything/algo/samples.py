@@ -20,6 +20,8 @@ Where we depart from the paper / authors' code, and why:
 * The policy band and the RM band are separate parameters (the paper uses one band).
 * ``outcome_weight`` w scales O in the policy's reward only (R_pol = w*O + lam * mean_j S),
   for the RM-signal-only ablation (w = 0); the RM's reward keeps R = O + lam * mean_j S.
+* m = 0 (no RM in the loop, the policy-only arm at lam = 0): the policy samples are the
+  trainable steps given as ``steps``, their reward w*O; there are no RM samples.
 """
 
 from __future__ import annotations
@@ -82,10 +84,12 @@ def select_samples(
     band: tuple[float, float],
     policy_band: tuple[float, float],
     outcome_weight: float = 1.0,
+    steps: dict[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Policy and RM samples of one iteration, with reward, advantage and whether each trains.
 
     judgments: traj_id, step_idx, judge_idx, step_score (-1/+1, 0 unparsed), parsed (J,);
+    steps (only with m = 0, when nothing is judged): traj_id, step_idx (N,) of the trainable steps;
     trajectories: traj_id, task_id, outcome (T,), the trainable ones (their outcomes also give
     each task's accuracy). -> (policy, rm): dicts of equal-length arrays, policy (N,) with
     traj_id, task_id, step_idx, reward, advantage, kept, drop_reason (None, "out_of_band" or
@@ -113,8 +117,18 @@ def select_samples(
     ...     m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=0.0)
     >>> pol["reward"].tolist(), rm["reward"].tolist()
     ([1.0, 0.0], [2.0, 2.0, -1.0, 1.0])
+
+    With m = 0 (no RM in the loop) the same two trajectories give rewards O = +-1, the same
+    z-scores, and no RM sample.
+    >>> none = {k: np.array([], int) for k in ("traj_id", "step_idx", "judge_idx", "step_score", "parsed")}
+    >>> pol, rm = select_samples(
+    ...     none, {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1])},
+    ...     m=0, lam=0.0, band=(0.2, 0.8), policy_band=(0.2, 0.8),
+    ...     steps={"traj_id": np.array([1, 0]), "step_idx": np.array([0, 0])})
+    >>> pol["traj_id"].tolist(), pol["reward"].tolist(), pol["advantage"].round(4).tolist(), len(rm["reward"])
+    ([0, 1], [1.0, -1.0], [0.7071, -0.7071], 0)
     """
-    keys, order = judgment_matrix(judgments["traj_id"], judgments["step_idx"], judgments["judge_idx"], m)
+    keys, order = _judged_steps(judgments, steps, m, lam)
     score = np.asarray(judgments["step_score"], dtype=np.float64)[order]  # (N, m)
     parsed = np.asarray(judgments["parsed"], dtype=bool)[order]  # (N, m)
     traj_ids = np.asarray(trajectories["traj_id"]).tolist()
@@ -131,8 +145,11 @@ def select_samples(
     accuracy = task_accuracy(outcome_all, task_all)
     task_acc = np.array([accuracy[t] for t in task_ids], dtype=np.float64)
 
-    reward = integrated_reward(outcome, score, lam)  # (N,): the paper's R, the RM's reward uses it
-    policy_reward = reward if outcome_weight == 1.0 else integrated_reward(outcome_weight * outcome, score, lam)
+    if m:
+        reward = integrated_reward(outcome, score, lam)  # (N,): the paper's R, the RM's reward uses it
+        policy_reward = reward if outcome_weight == 1.0 else integrated_reward(outcome_weight * outcome, score, lam)
+    else:  # no verdicts: R = O (lam is 0)
+        reward, policy_reward = outcome, outcome_weight * outcome
     advantage = step_index_advantages(policy_reward, task_ids, keys[:, 1])
     policy_ok = np.asarray(in_band(task_acc, *policy_band), dtype=bool)
     policy = {
@@ -161,6 +178,26 @@ def select_samples(
         "drop_reason": _reasons(~rm_ok, ~valid, "zero_std", zero),
     }
     return policy, rm
+
+
+def _judged_steps(
+    judgments: dict[str, np.ndarray], steps: dict[str, np.ndarray] | None, m: int, lam: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(keys (N, 2) sorted by (traj_id, step_idx), order (N, m)) of the steps that make samples:
+    the judged ones (`judgment_matrix`), or with m = 0 the given `steps`."""
+    if m:
+        if steps is not None:
+            raise ValueError("steps are only given with m = 0; with judgments the judged steps are the samples")
+        return judgment_matrix(judgments["traj_id"], judgments["step_idx"], judgments["judge_idx"], m)
+    if lam != 0:
+        raise ValueError(f"m = 0 (no judgments) needs lam = 0; got lam = {lam}")
+    if steps is None or len(judgments["traj_id"]):
+        raise ValueError("m = 0 needs the trainable steps as `steps` and no judgments")
+    traj_id, step_idx = (np.asarray(steps[k], dtype=np.int64).reshape(-1) for k in ("traj_id", "step_idx"))
+    keys = np.stack([traj_id, step_idx], axis=1)[np.lexsort((step_idx, traj_id))]  # (N, 2)
+    if len(keys) > 1 and not (keys[1:] != keys[:-1]).any(axis=1).all():
+        raise ValueError("steps: every (traj_id, step_idx) must appear once")
+    return keys, np.zeros((len(keys), 0), dtype=np.int64)
 
 
 def _reasons(

@@ -143,6 +143,8 @@ def rm_target(config: Config, resolved: EvalTarget) -> tuple[Path | None, str]:
     """The RM that judges the held-out episodes -> (weights, label), or (None, why none does)."""
     if not config.eval.rm:
         return None, "off (eval.rm: false)"
+    if not config.rm.judgments_per_step:
+        return None, "off (rm.judgments_per_step: 0, no RM in the loop)"
     if config.rm.role != "judge":
         return None, f"none (rm.role {config.rm.role} judges no step)"
     if resolved.run_dir is None or resolved.iteration == BASE:

@@ -50,35 +50,38 @@ def rm_score(run_dir: str, iteration: int):
     if config.rm.role == "unit_tests":  # the coding setting: the RM writes tests, judges no step
         return score_with_unit_tests(config, layout, iteration)
     steps, episodes, outcomes = (read_artifact(layout, iteration, n) for n in ("rollouts", "episodes", "outcomes"))
-    todo = steps_to_judge(steps, episodes, outcomes)
+    todo = steps_to_judge(steps, episodes, outcomes) if config.rm.judgments_per_step else []  # 0: no RM
     path = model_path(config, layout, "rm", iteration)
+    rows: list[dict] = []
+    cache = PrefixCache()
     with progress(f"iter {iteration}: rm_score", len(todo) * config.rm.judgments_per_step) as advance:
-        engine, tokenizer = make_engine(config.rm, "rm", path, advance, layout.run_dir / "vllm-rm.log")
-        cache = PrefixCache()
-        rows = judge_steps(
-            engine,
-            tokenizer,
-            todo,
-            judgments_per_step=config.rm.judgments_per_step,
-            verdict=config.rm.verdict,
-            max_new_tokens=config.rm.max_new_tokens,
-            temperature=config.rm.temperature,
-            top_p=config.rm.top_p,
-            seed=derive_seed(config.run.seed, iteration, "rm_score"),
-            hint=env_class(config.env.kind).judge_hint,
-            prefix_cache=cache,
-        )
-        weights = weights_label(layout, engine.weights)
-        rows = [{**row, "weights": weights} for row in rows]
+        if todo:  # with no RM in the loop (m = 0, the policy-only arm) nothing is loaded or judged
+            engine, tokenizer = make_engine(config.rm, "rm", path, advance, layout.run_dir / "vllm-rm.log")
+            rows = judge_steps(
+                engine,
+                tokenizer,
+                todo,
+                judgments_per_step=config.rm.judgments_per_step,
+                verdict=config.rm.verdict,
+                max_new_tokens=config.rm.max_new_tokens,
+                temperature=config.rm.temperature,
+                top_p=config.rm.top_p,
+                seed=derive_seed(config.run.seed, iteration, "rm_score"),
+                hint=env_class(config.env.kind).judge_hint,
+                prefix_cache=cache,
+            )
+            weights = weights_label(layout, engine.weights)
+            rows = [{**row, "weights": weights} for row in rows]
     empty = [write_artifact([], layout, iteration, name) for name in ("unit_tests", "pass_matrix")]  # role judge
     out = write_artifact(rows, layout, iteration, "judgments")  # last: marks the step done
     frame = pd.DataFrame(rows, columns=JUDGMENTS.names)
     metrics = {
         "rm/judgments": len(rows),
-        "rm/parse_rate": float(frame.parsed.mean()) if rows else 0.0,
         "tokens/rm_response": int(frame.response_ids.map(len).sum()) if rows else 0,
         "tokens/rm_prompt": int(frame.prompt_ids.map(len).sum()) if rows else 0,
     }
+    if rows:  # none with no RM in the loop: no rate rather than a made-up 0
+        metrics["rm/parse_rate"] = float(frame.parsed.mean())
     if cache.prompt_tokens:  # the transformers engine served them (vLLM reuses prefixes on its own)
         metrics["tokens/rm_prompt_reused"] = cache.reused_tokens  # KV of earlier steps' history
     return [out, *empty], metrics
@@ -93,10 +96,14 @@ def compute_samples(
     band: tuple,
     policy_band: tuple,
     outcome_weight: float = 1.0,
+    steps: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """advantages.parquet rows from the trainable trajectories' outcomes and their judgments:
-    the frame glue around `algo.samples.select_samples` (policy rows first, then RM rows)."""
+    the frame glue around `algo.samples.select_samples` (policy rows first, then RM rows). With
+    m = 0 (no RM in the loop) the policy samples are the trainable trajectories' `steps`."""
     cols = lambda frame, names: {n: frame[n].to_numpy() for n in names}  # noqa: E731
+    if not m:
+        steps = steps[steps.traj_id.isin(outcomes.traj_id)]
     policy, rm = select_samples(
         cols(judgments, ("traj_id", "step_idx", "judge_idx", "step_score", "parsed")),
         cols(outcomes, ("traj_id", "task_id", "outcome")),
@@ -105,6 +112,7 @@ def compute_samples(
         band=band,
         policy_band=policy_band,
         outcome_weight=outcome_weight,
+        steps=None if m else cols(steps, ("traj_id", "step_idx")),
     )
     if not len(policy["traj_id"]):
         return pd.DataFrame(columns=ADVANTAGES.names)
@@ -186,6 +194,7 @@ def advantages(run_dir: str, iteration: int):
             band=config.algo.band,
             policy_band=config.algo.policy_band,
             outcome_weight=config.algo.outcome_weight,
+            steps=None if config.rm.judgments_per_step else read_artifact(layout, iteration, "rollouts"),
         )
     if os.environ.get(FLIP_ADVANTAGE_ENV) == "1":  # test-only fault: the learning test's negative control
         samples.loc[samples.kind == "policy", "advantage"] *= -1

@@ -140,3 +140,50 @@ def test_an_rm_judgment_at_its_sets_mean_is_dropped_as_zero_advantage():
     assert rm["advantage"][1] == 0.0 and rm["advantage"][0] > 0 > rm["advantage"][2]
     assert rm["kept"].tolist() == [True, False, True, True]
     assert rm["drop_reason"].tolist() == [None, "zero_advantage", None, None]
+
+
+# ---------------------------------------------------------------- no RM in the loop (m = 0)
+
+NONE = {k: np.array([], dtype=np.int64) for k in ("traj_id", "step_idx", "judge_idx", "step_score", "parsed")}
+
+
+def test_select_samples_without_judgments_by_hand():
+    # the trajectories of test_select_samples_by_hand, no RM: R = w * O, z-scored per (task, step)
+    traj = trajectories([0, 1, 2, 3], ["a", "a", "b", "a"], [1, -1, -1, 1])
+    steps = {"traj_id": np.array([3, 0, 2, 1, 0]), "step_idx": np.array([0, 1, 0, 0, 0])}  # any order
+    pol, rm = select_samples(NONE, traj, m=0, lam=0.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), steps=steps)
+    assert pol["traj_id"].tolist() == [0, 0, 1, 2, 3] and pol["step_idx"].tolist() == [0, 1, 0, 0, 0]
+    assert pol["reward"].tolist() == [1.0, 1.0, -1.0, -1.0, 1.0]
+    # (a, step 0) = {1, -1, 1}: mean 1/3, sample std sqrt((4/9 + 16/9 + 4/9) / 2) = 1.1547
+    std = np.sqrt(4 / 3) + 1e-6
+    assert pol["advantage"][[0, 2, 4]] == pytest.approx([(2 / 3) / std, (-4 / 3) / std, (2 / 3) / std], abs=1e-12)
+    assert pol["advantage"][1] == 1.0 and pol["advantage"][3] == -1.0  # alone in their (task, step): raw R
+    assert pol["kept"].tolist() == [True, True, True, False, True]  # task b (accuracy 0) out of band
+    assert all(len(column) == 0 for column in rm.values())  # no judgment, no RM sample
+    half = select_samples(NONE, traj, m=0, lam=0.0, band=(0, 1), policy_band=(0, 1), steps=steps, outcome_weight=0.5)
+    assert half[0]["reward"].tolist() == [0.5, 0.5, -0.5, -0.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    "given, lam, m, message",
+    [
+        ("steps", 1.0, 0, "m = 0 (no judgments) needs lam = 0"),
+        (None, 0.0, 0, "m = 0 needs the trainable steps"),
+        ("both", 0.0, 0, "m = 0 needs the trainable steps as `steps` and no judgments"),
+        ("twice", 0.0, 0, "every (traj_id, step_idx) must appear once"),
+        ("steps+judged", 0.0, 1, "steps are only given with m = 0"),
+    ],
+)
+def test_select_samples_without_judgments_refuses_what_it_cannot_mean(given, lam, m, message):
+    traj = trajectories([0, 1], ["a", "a"], [1, -1])
+    steps = {"traj_id": np.array([0, 1]), "step_idx": np.array([0, 0])}
+    judged = judgments([(0, 0, 0, 1), (1, 0, 0, -1)])
+    args = {
+        "steps": (NONE, steps),
+        None: (NONE, None),
+        "both": (judged, steps),
+        "twice": (NONE, {"traj_id": np.array([0, 1, 0]), "step_idx": np.array([0, 0, 0])}),
+        "steps+judged": (judged, steps),
+    }[given]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        select_samples(args[0], traj, m=m, lam=lam, band=(0, 1), policy_band=(0, 1), steps=args[1])

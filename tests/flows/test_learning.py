@@ -68,6 +68,20 @@ def test_policy_learns(prefect_server, tmp_path):
     assert last - base >= POLICY_MARGIN
 
 
+def test_policy_learns_with_no_rm_in_the_loop(prefect_server, tmp_path):
+    # the policy-only arm without its RM (rm.judgments_per_step 0): the outcome alone teaches
+    no_rm = ["rm.judgments_per_step=0", "algo.lam=0", "rm.optim.frozen=true", "adapt.enabled=false"]
+    base, last = policy_curve(tmp_path, "no-rm", no_rm)
+    assert last - base >= POLICY_MARGIN
+    layout = RunLayout(tmp_path / "no-rm")
+    for i in (0, 1):  # nothing was judged, and every trainable step was a policy sample
+        assert read_artifact(layout, i, "judgments").empty
+        samples, outcomes = read_artifact(layout, i, "advantages"), read_artifact(layout, i, "outcomes")
+        steps = read_artifact(layout, i, "rollouts")
+        assert set(samples.kind) == {"policy"}
+        assert len(samples) == steps.traj_id.isin(outcomes[outcomes.valid & ~outcomes.pending].traj_id).sum() > 0
+
+
 def test_policy_with_flipped_advantages_does_not_learn(prefect_server, tmp_path, monkeypatch):
     monkeypatch.setenv(FLIP_ADVANTAGE_ENV, "1")
     base, last = policy_curve(tmp_path, "flipped", ["rm.optim.frozen=true"])
