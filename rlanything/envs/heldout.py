@@ -27,11 +27,13 @@ import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from rlanything.seeding import SLOT_STRIDE
+
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
 
 SPLITS = ("in_domain", "ood")
-STRIDE = 100_003  # initial_specs: seed * STRIDE + slot
+STRIDE = SLOT_STRIDE  # initial_specs: seeding.slot_seed(seed, slot) = seed * STRIDE + slot
 RESERVED = 1_000  # residues STRIDE - RESERVED .. STRIDE - 1 are evaluation seeds
 OOD_OFFSET = 1_000_000  # the OOD split's seeds start this many evaluation seeds later
 EXAMPLE_SEED = STRIDE - RESERVED - 1
