@@ -131,43 +131,65 @@ def select_samples(
     keys, order = _judged_steps(judgments, steps, m, lam)
     score = np.asarray(judgments["step_score"], dtype=np.float64)[order]  # (N, m)
     parsed = np.asarray(judgments["parsed"], dtype=bool)[order]  # (N, m)
-    traj_ids = np.asarray(trajectories["traj_id"]).tolist()
-    row_of = {t: r for r, t in enumerate(traj_ids)}
-    if len(row_of) != len(traj_ids):
-        raise ValueError("trajectories: traj_id must be unique")
-    unknown = sorted({int(t) for t in keys[:, 0]} - set(row_of))
-    if unknown:
-        raise ValueError(f"judgments of trajectories {unknown[:5]} that are not among the trainable trajectories")
-    rows = np.array([row_of[int(t)] for t in keys[:, 0]], dtype=np.int64)
-    outcome_all = np.asarray(trajectories["outcome"])
-    task_all = np.asarray(trajectories["task_id"], dtype=object)
-    outcome, task_ids = outcome_all[rows].astype(np.float64), task_all[rows]
-    accuracy = task_accuracy(outcome_all, task_all)
-    task_acc = np.array([accuracy[t] for t in task_ids], dtype=np.float64)
-
+    outcome, task_ids, task_acc = _per_step_trajectory(trajectories, keys[:, 0])
     if m:
         reward = integrated_reward(outcome, score, lam)  # (N,): the paper's R, the RM's reward uses it
         policy_reward = reward if outcome_weight == 1.0 else integrated_reward(outcome_weight * outcome, score, lam)
     else:  # no verdicts: R = O (lam is 0)
         reward, policy_reward = outcome, outcome_weight * outcome
-    advantage = step_index_advantages(policy_reward, task_ids, keys[:, 1])
-    policy_ok = np.asarray(in_band(task_acc, *policy_band), dtype=bool)
-    policy = {
+    policy = _policy_samples(keys, task_ids, policy_reward, np.asarray(in_band(task_acc, *policy_band), dtype=bool))
+    in_rm_band = np.asarray(in_band(task_acc, *band), dtype=bool)
+    return policy, _rm_samples(keys, task_ids, rm_consistency_reward(reward, score, parsed), in_rm_band)
+
+
+def _per_step_trajectory(
+    trajectories: dict[str, np.ndarray], traj_of_step: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(outcome (N,) float, task_id (N,) object, task accuracy (N,) float) of each step's
+    trajectory; the accuracy is over all the given trajectories of the task."""
+    traj_ids = np.asarray(trajectories["traj_id"]).tolist()
+    row_of = {t: r for r, t in enumerate(traj_ids)}
+    if len(row_of) != len(traj_ids):
+        raise ValueError("trajectories: traj_id must be unique")
+    unknown = sorted({int(t) for t in traj_of_step} - set(row_of))
+    if unknown:
+        raise ValueError(f"judgments of trajectories {unknown[:5]} that are not among the trainable trajectories")
+    rows = np.array([row_of[int(t)] for t in traj_of_step], dtype=np.int64)
+    outcome_all = np.asarray(trajectories["outcome"])
+    task_all = np.asarray(trajectories["task_id"], dtype=object)
+    accuracy = task_accuracy(outcome_all, task_all)
+    task_ids = task_all[rows]
+    return outcome_all[rows].astype(np.float64), task_ids, np.array([accuracy[t] for t in task_ids], dtype=np.float64)
+
+
+def _policy_samples(
+    keys: np.ndarray, task_ids: np.ndarray, reward: np.ndarray, in_policy_band: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The policy's samples: one per step of `keys` (N, 2), with its reward (N,), z-scored per
+    (task, step index); each step's task in the policy band (N,) bool -> dict of (N,) arrays."""
+    advantage = step_index_advantages(reward, task_ids, keys[:, 1])
+    return {
         "traj_id": keys[:, 0],
         "task_id": task_ids,
         "step_idx": keys[:, 1],
-        "reward": policy_reward,
+        "reward": reward,
         "advantage": advantage,
-        "kept": policy_ok & (advantage != 0),  # exact: advantages decided zero are exactly 0.0
-        "drop_reason": _reasons(~policy_ok, advantage == 0, "zero_advantage"),
+        "kept": in_policy_band & (advantage != 0),  # exact: advantages decided zero are exactly 0.0
+        "drop_reason": _reasons(~in_policy_band, advantage == 0, "zero_advantage"),
     }
 
-    rm_reward = rm_consistency_reward(reward, score, parsed)  # (N, m)
+
+def _rm_samples(
+    keys: np.ndarray, task_ids: np.ndarray, rm_reward: np.ndarray, in_rm_band: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The RM's samples: one per judgment of the N steps `keys` (N, 2), rewards (N, m), each
+    step's task in the RM band (N,) bool -> dict of (N*m,) arrays, judgments of a step in a row."""
+    m = rm_reward.shape[1]
     rm_adv, rm_valid = rm_advantages(rm_reward)
-    rm_ok = np.repeat(np.asarray(in_band(task_acc, *band), dtype=bool), m)
+    rm_ok = np.repeat(in_rm_band, m)
     valid = np.repeat(rm_valid, m)
     zero = valid & (rm_adv.ravel() == 0)
-    rm = {
+    return {
         "traj_id": np.repeat(keys[:, 0], m),
         "task_id": np.repeat(task_ids, m),
         "step_idx": np.repeat(keys[:, 1], m),
@@ -177,7 +199,6 @@ def select_samples(
         "kept": rm_ok & valid & ~zero,
         "drop_reason": _reasons(~rm_ok, ~valid, "zero_std", zero),
     }
-    return policy, rm
 
 
 def _judged_steps(
