@@ -15,9 +15,9 @@ each iteration's summary.json and the time its DONE marker was written. Printed:
               minus that iteration's steps; overhead / period is the issue's "≤ 5%" figure
   peak RSS    the largest resident set of the training process (getrusage of the child)
 `tiny` uses configs/tiny.yaml (3M-parameter models: almost all overhead); `smollm2` uses
-configs/smollm2-arith.yaml shrunk to 2 tasks × 4 rollouts (the memory of a real iteration:
+configs/smollm2-arith-full.yaml shrunk to 2 tasks × 4 rollouts (the memory of a real iteration:
 policy, RM and environment model are loaded one step at a time). `shipped` runs
-configs/smollm2-arith.yaml exactly as shipped (8 problems × 8 rollouts, m = 3, held-out eval
+configs/smollm2-arith-full.yaml exactly as shipped (8 problems × 8 rollouts, m = 3, held-out eval
 every 2 iterations: its time falls outside the DONE-to-DONE period) and prints each step's share
 of the last iteration: the figure a user of the small-model run sees.
 """
@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUNS = {
     "tiny": ("configs/tiny.yaml", []),
     "smollm2": (
-        "configs/smollm2-arith.yaml",
+        "configs/smollm2-arith-full.yaml",
         [
             "policy.tasks_per_iteration=2",
             "policy.group_size=4",
@@ -48,7 +48,7 @@ RUNS = {
             "rm.max_new_tokens=32",
         ],
     ),
-    "shipped": ("configs/smollm2-arith.yaml", []),
+    "shipped": ("configs/smollm2-arith-full.yaml", []),
 }
 
 

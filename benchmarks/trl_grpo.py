@@ -5,10 +5,10 @@
 
 Workload, the same on both sides: SmolLM2-135M-Instruct (our safetensors folder of
 `builtin:smollm2-135m-instruct`), `prompts` reasoning-gym basic_arithmetic problems per
-iteration (configs/smollm2-arith.yaml's generator settings, new problems every iteration, built
+iteration (configs/smollm2-arith-full.yaml's generator settings, new problems every iteration, built
 by our `ReasoningGymEnv` and rendered as the same system + user chat), `group` samples each at
 temperature 1.0 with up to `new-tokens` tokens, outcome-only reward (our verifier: `parse_answer`
-with configs/smollm2-arith.yaml's answer fallback, then reasoning-gym's `score_answer`: +1 or -1),
+with configs/smollm2-arith-full.yaml's answer fallback, then reasoning-gym's `score_answer`: +1 or -1),
 group z-scored advantages, one PPO-clip optimizer step (AdamW, lr 1e-5, grad clip 1, ε 0.2) over
 the whole batch in one micro-batch, fp32 weights (bf16 weights with --bf16) on both sides.
 
@@ -23,7 +23,7 @@ the whole batch in one micro-batch, fp32 weights (bf16 weights with --bf16) on b
          (no extra old-log-prob forward, as ours), beta=0, loss_type grpo, no gradient
          checkpointing and no bf16 autocast (TRL's defaults turn both on; off here to match ours),
          fused AdamW (`optim="adamw_torch_fused"`, as ours; TRL's default is the multi-tensor one).
-  flow   (--flow) our real `rlanything train` with configs/smollm2-arith.yaml at these sizes and
+  flow   (--flow) our real `rlanything train` with configs/smollm2-arith-full.yaml at these sizes and
          algo.lam=0: each step's own time from summary.json. Its iteration also reloads and saves
          checkpoints and runs rm_score, rm_update and adapt_tasks, which TRL has no counterpart
          for: its policy steps (rollout+verify+advantages+policy_update) are the comparable part.
@@ -70,7 +70,7 @@ from rlanything.tasks.scoring import compute_samples  # noqa: E402
 from rlanything.tasks.update import to_samples  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "configs" / "smollm2-arith.yaml"
+CONFIG = REPO / "configs" / "smollm2-arith-full.yaml"
 TRL_PINS = ["torch==2.13.0", "trl==1.16.0", "reasoning-gym==0.1.25"]
 LR = 1e-5
 
@@ -105,7 +105,7 @@ def ensure_trl_venv(venv: Path) -> Path:
 
 def workload(num: int, seed: int) -> tuple[list[dict], list[list[dict]], str]:
     """`num` reasoning-gym specs, their chat prompts, and the answer fallback, from
-    configs/smollm2-arith.yaml's env section (its generator settings)."""
+    configs/smollm2-arith-full.yaml's env section (its generator settings)."""
     env_config = load_config(CONFIG, [f"env.num_problems={num}"]).env
     specs = ReasoningGymEnv.initial_specs(env_config, seed)
     env = ReasoningGymEnv(env_config)
