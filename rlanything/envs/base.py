@@ -9,18 +9,27 @@ A *spec* is a small JSON-able dict from which the environment rebuilds one probl
 (the task buffer stores specs). For task adaptation an environment also says how a language
 model may rewrite a spec and turns the model's answer back into a valid spec.
 
+Built-in environments subclass `Environment` (their kinds, classes and options models: the one
+table `ENV_KINDS` in envs/kinds.py) and so inherit the defaults of its optional members.
 Plug-ins: `env.kind: "package.module:ClassName"` names any importable class that implements
-this Protocol; its `env.options` are validated by its pydantic model `Options` (a class
-attribute; none: it takes no options) and reach it as `config.options`. See examples/custom_env.
+this Protocol, subclassing it or not; its `env.options` are validated by its pydantic model
+`Options` (a class attribute; none: it takes no options) and reach it as `config.options`. A
+plug-in that does not subclass `Environment` may leave its optional members out: code that
+reads them for any environment goes through `optional`, which supplies the declared default.
+See examples/custom_env.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from types import FunctionType
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from rlanything.algo.parsing import extract_last_boxed
+from rlanything.envs.kinds import ENV_KINDS
 from rlanything.plugins import environment_class
 
 if TYPE_CHECKING:
@@ -31,6 +40,10 @@ if TYPE_CHECKING:
 class StepResult:
     observation: str
     done: bool
+
+
+StepLabel = tuple[int, str]
+"""(label in {-1, +1}, the case of the environment's rule that gave it), e.g. (1, "closer")."""
 
 
 class Environment(Protocol):
@@ -53,13 +66,36 @@ class Environment(Protocol):
 
     def close(self) -> None: ...
 
-    # Optional: `heldout_specs(config, split, n, seed) -> list[spec]` (static), the problems
-    # `rlanything eval` plays, kept apart from every problem training can draw (envs/heldout.py).
-    # Optional: `last_screenshot() -> bytes | None` (a PNG of the screen, see `screenshot`) and
-    # `replayable = False` (see `replayable`); environments without them are text-only and
-    # replayable. Optional: `example`, a solved (problem, answer) pair shown before the first
-    # observation (see `example_of`). Optional: `step_labels(config, spec, actions)` (static),
-    # ground-truth labels of single steps (see `step_labels`).
+    # --- optional members, with their defaults (`OPTIONAL_MEMBERS`; read them with `optional`) --
+    replayable: ClassVar[bool] = True
+    """False for environments whose episodes cannot be replayed to the same end (a desktop VM):
+    verify then keeps the outcome evaluated at the end of the live episode."""
+    example: tuple[str, str] | None = None
+    """A solved (problem, answer) pair the policy sees before the episode's first observation,
+    set by `reset` (reasoning-gym's `worked_example`); None: no example."""
+    test_results: list[bool] | None = None
+    """The per-test results of the last `outcome()`, for environments with ground-truth tests
+    (coding); None for the others."""
+    heldout_specs: ClassVar[Callable[[EnvConfig, str, int, int], list[dict[str, Any]]] | None] = None
+    """A static `heldout_specs(config, split, n, seed) -> list[spec]`: the problems `rlanything
+    eval` plays, kept apart from every problem training can draw (envs/heldout.py); None: the
+    environment has no held-out split."""
+
+    def last_screenshot(self) -> bytes | None:
+        """PNG of the environment's screen as the last reset/step left it (MiniWoB++, OSWorld);
+        None: a text environment."""
+        return None
+
+    @staticmethod
+    def step_labels(
+        config: EnvConfig, spec: dict[str, Any], actions: list[str | None]
+    ) -> list[StepLabel | None] | None:
+        """Ground-truth labels of a trajectory's steps, one per action (None: that step has no
+        label), replaying the actions from `reset(spec)`; the rules are in each environment's
+        module docstring (TextWorld: did the step bring the goal closer; reasoning-gym: the
+        answer's correctness). None (the default): the environment knows no label, and none is
+        ever made up."""
+        return None
 
     # --- specs and rewrites (task adaptation) -------------------------------------------
     @staticmethod
@@ -90,39 +126,55 @@ class Environment(Protocol):
         ...
 
 
+OPTIONAL_MEMBERS = ("replayable", "example", "test_results", "heldout_specs", "last_screenshot", "step_labels")
+"""The members of `Environment` that have a default (declared on it): a plug-in that does not
+subclass `Environment` may leave them out."""
+
+
+def optional(env: Environment | type, name: str) -> Any:
+    """The optional member `name` of `env` (an environment or its class): its own, or the default
+    `Environment` declares, for a plug-in that does not subclass it and leaves the member out.
+
+    >>> class Plain:  # a plug-in that does not subclass Environment
+    ...     replayable = False
+    >>> optional(Plain, "replayable"), optional(Plain(), "example"), optional(Plain(), "last_screenshot")()
+    (False, None, None)
+    """
+    if name not in OPTIONAL_MEMBERS:
+        raise AttributeError(f"{name!r} is not an optional member of Environment ({', '.join(OPTIONAL_MEMBERS)})")
+    try:
+        return getattr(env, name)
+    except AttributeError:
+        default = inspect.getattr_static(Environment, name)
+        if isinstance(default, (FunctionType, staticmethod)):  # a method: bound to `env` as its own would be
+            return default.__get__(None, env) if isinstance(env, type) else default.__get__(env, type(env))
+        return default
+
+
 def screenshot(env: Environment) -> bytes | None:
-    """PNG of the environment's screen as the last reset/step left it, for environments that
-    have one (MiniWoB++, OSWorld define `last_screenshot()`); None for text environments."""
-    shot = getattr(env, "last_screenshot", None)
-    return shot() if shot is not None else None
+    """`env.last_screenshot()`: PNG of the environment's screen as the last reset/step left it;
+    None for text environments."""
+    return optional(env, "last_screenshot")()
 
 
 def example_of(env: Environment) -> tuple[str, str] | None:
-    """The solved (problem, answer) pair the policy sees before the episode's first observation
-    (an optional `example` attribute, set by `reset`; reasoning-gym's `worked_example`), or None."""
-    return getattr(env, "example", None)
+    """`env.example`: the solved (problem, answer) pair the policy sees before the episode's first
+    observation, or None."""
+    return optional(env, "example")
 
 
 def replayable(env: Environment | type) -> bool:
-    """False for environments whose episodes cannot be replayed to the same end (a desktop VM):
-    verify then keeps the outcome evaluated at the end of the live episode."""
-    return getattr(env, "replayable", True)
-
-
-StepLabel = tuple[int, str]
-"""(label in {-1, +1}, the case of the environment's rule that gave it), e.g. (1, "closer")."""
+    """`env.replayable`: False for environments whose episodes cannot be replayed to the same end
+    (a desktop VM): verify then keeps the outcome evaluated at the end of the live episode."""
+    return optional(env, "replayable")
 
 
 def step_labels(
     env: type, config: EnvConfig, spec: dict[str, Any], actions: list[str | None]
 ) -> list[StepLabel | None] | None:
-    """Ground-truth labels of a trajectory's steps, one per action (None: that step has no label),
-    from environments that can know them: the class's optional static `step_labels(config, spec,
-    actions)`, which replays the actions from `reset(spec)`. None for environments without one:
-    no label is ever made up. The rules are in each environment's module docstring (TextWorld:
-    did the step bring the goal closer; reasoning-gym: the answer's correctness)."""
-    label = getattr(env, "step_labels", None)
-    return label(config, spec, actions) if label is not None else None
+    """`env.step_labels(config, spec, actions)` (env: the class): ground-truth labels of a
+    trajectory's steps, one per action, or None from environments that know none."""
+    return optional(env, "step_labels")(config, spec, actions)
 
 
 def parse_json_box(text: str, allowed: set[str] | None) -> dict[str, Any]:
@@ -148,23 +200,14 @@ def parse_json_box(text: str, allowed: set[str] | None) -> dict[str, Any]:
     return params
 
 
-ENV_CLASSES = {
-    "reasoning_gym": "rlanything.envs.reasoning:ReasoningGymEnv",
-    "miniwob": "rlanything.envs.miniwob:MiniWoBEnv",
-    "osworld": "rlanything.envs.osworld:OSWorldEnv",
-    "textworld": "rlanything.envs.textworld:TextWorldEnv",
-    "textworld_express": "rlanything.envs.textworld_express:TextWorldExpressEnv",
-    "alfworld": "rlanything.envs.alfworld:AlfWorldEnv",
-    "coding": "rlanything.envs.coding:CodingEnv",
-    "first_letter": "rlanything.envs.first_letter:FirstLetterEnv",
-}
-"""Built-in kinds -> their classes (imported on first use: each pulls its own libraries)."""
+_CLASS_REFS = {kind: entry.env_class for kind, entry in ENV_KINDS.items()}
 
 
 def env_class(kind: str) -> type[Environment]:
-    """The environment class of `kind`: a built-in name (`ENV_CLASSES`), or a plug-in given as
-    "package.module:ClassName" (any importable class implementing `Environment`)."""
-    return environment_class(kind, ENV_CLASSES)
+    """The environment class of `kind`: a built-in name (`ENV_KINDS`, imported on first use: each
+    pulls its own libraries), or a plug-in given as "package.module:ClassName" (any importable
+    class implementing `Environment`)."""
+    return environment_class(kind, _CLASS_REFS)
 
 
 def make_env(config: EnvConfig) -> Environment:

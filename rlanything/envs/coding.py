@@ -68,7 +68,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlanything.envs.base import StepResult
+from rlanything.envs.base import Environment, StepResult
 from rlanything.envs.sandbox import Limits, checked_runtime, run_tests
 
 if TYPE_CHECKING:
@@ -343,7 +343,7 @@ def score_solution(config: EnvConfig, spec: dict[str, Any], answer: str | None) 
     return run_tests(program, problem["tests"], setup=problem["setup"], limits=limits_of(config))
 
 
-class CodingEnv:
+class CodingEnv(Environment):
     system_prompt = SYSTEM_PROMPT
     judge_hint = JUDGE_HINT
 

@@ -20,7 +20,8 @@ import json
 import random
 from typing import TYPE_CHECKING, Any
 
-from rlanything.envs.base import StepResult, parse_json_box
+from rlanything.envs.base import Environment, StepResult, parse_json_box
+from rlanything.seeding import slot_seed
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
@@ -42,7 +43,7 @@ def _letters(value: Any) -> str:
     return value
 
 
-class FirstLetterEnv:
+class FirstLetterEnv(Environment):
     system_prompt = "Answer with a single word."
     judge_hint = "A good step answers with one word that starts with a letter the task allows."
 
@@ -71,14 +72,14 @@ class FirstLetterEnv:
     @staticmethod
     def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:
         letters = _letters(config.options.letters)
-        return [{"letters": letters, "seed": seed * 100_003 + slot} for slot in range(config.num_problems)]
+        return [{"letters": letters, "seed": slot_seed(seed, slot)} for slot in range(config.num_problems)]
 
     @staticmethod
     def heldout_specs(config: EnvConfig, split: str, n: int, seed: int) -> list[dict[str, Any]]:
         """in_domain: the training letters on evaluation seeds (other topic words); ood: the
         letters after two rule steps harder (fewer letters allowed, at least one).
 
-        Kept apart as in every seeded environment: training seeds are `seed * 100_003 + slot`
+        Kept apart as in every seeded environment: training seeds are `seeding.slot_seed(seed, slot)`
         and rewrites keep the seed; evaluation seeds have a residue no slot has
         (`envs/heldout.py`), and the run's initial seeds are dropped explicitly."""
         from rlanything.envs.heldout import heldout_seeds

@@ -11,8 +11,8 @@ problems training never draws, or "ood", harder knobs, bigger worlds or other ta
 list for n is a prefix of the list for n + 1, so an evaluation can draw a few spare specs and
 drop any that a particular run still met.
 
-Seeded generators number the problems of a new buffer `seed * STRIDE + slot` (every
-`initial_specs` here does). Evaluation seeds are the ones whose residue modulo STRIDE is in the
+Seeded generators number the problems of a new buffer `seeding.slot_seed(seed, slot)`, that is
+`seed * STRIDE + slot` (every `initial_specs` here does). Evaluation seeds are the ones whose residue modulo STRIDE is in the
 top RESERVED values: a buffer slot is never that large, so for every run seed (and, for the
 generators that reduce modulo 2**31, every seed below 21_474) no initial spec has one, and the
 `heldout_specs` methods also drop any seed `initial_specs(config, seed)` gave, whatever the run
@@ -48,7 +48,7 @@ class NoHeldOutSplit(ValueError):
 def is_heldout_seed(seed: int) -> bool:
     """True for the seeds reserved for evaluation.
 
-    >>> is_heldout_seed(99_003), is_heldout_seed(5), is_heldout_seed(3 * 100_003 + 7)
+    >>> is_heldout_seed(99_003), is_heldout_seed(5), is_heldout_seed(3 * STRIDE + 7)
     (True, False, False)
     """
     return seed % STRIDE >= STRIDE - RESERVED
@@ -86,11 +86,11 @@ def check_split(split: str) -> None:
 
 def heldout_specs(config: EnvConfig, split: str, n: int, seed: int) -> list[dict[str, Any]]:
     """`env_class(config.kind).heldout_specs(...)`, or NoHeldOutSplit naming the environment."""
-    from rlanything.envs.base import env_class
+    from rlanything.envs.base import env_class, optional
 
     check_split(split)
     cls = env_class(config.kind)
-    method = getattr(cls, "heldout_specs", None)
+    method = optional(cls, "heldout_specs")
     if method is None:
         raise NoHeldOutSplit(
             f"environment {config.kind!r} ({cls.__name__}) has no held-out split: it defines no "

@@ -69,11 +69,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlanything.algo.parsing import extract_last_boxed
-from rlanything.envs.base import StepResult
+from rlanything.envs.base import Environment, StepResult
 from rlanything.envs.browser_pool import process_pool
+from rlanything.seeding import slot_seed
 
 if TYPE_CHECKING:
-    from rlanything.config import EnvConfig, MiniWoBOptions
+    from rlanything.config import EnvConfig
+    from rlanything.envs.kinds import MiniWoBOptions
 
 TASK_WIDTH, TASK_HEIGHT = 160, 210  # MiniWoB's task area, top-left of the page (CSS px)
 
@@ -300,7 +302,7 @@ def _screenshot(driver) -> bytes:
 
 
 # --- the environment ----------------------------------------------------------------------------
-class MiniWoBEnv:
+class MiniWoBEnv(Environment):
     system_prompt = (
         "You operate a web page to complete the task shown. Each turn you see the task, the page's "
         'elements as [REF] tag "text" state @x,y wxh, and what your last action did. Think briefly, '
@@ -416,7 +418,7 @@ class MiniWoBEnv:
         if not tasks:
             raise ValueError("env.options.tasks is empty")
         return [
-            {"task": tasks[slot % len(tasks)], "seed": seed * 100_003 + slot, "hint": config.options.hint}
+            {"task": tasks[slot % len(tasks)], "seed": slot_seed(seed, slot), "hint": config.options.hint}
             for slot in range(config.num_problems)
         ]
 
@@ -499,7 +501,7 @@ class MiniWoBEnv:
         family ladder (OOD_TASKS), which no configured task can be rewritten into, on
         evaluation seeds. No hint in either.
 
-        Kept apart: initial seeds are `seed * 100_003 + slot` (≡ slot mod 100_003 for every
+        Kept apart: initial seeds are `seeding.slot_seed(seed, slot)` (≡ slot mod SLOT_STRIDE for every
         run seed) and the only rewrite that changes a seed maps it into [0, 2**31); evaluation
         seeds are 2**31 and above with a residue no slot has (`envs/heldout.py`), so no
         training episode can share one. Rewrites move only along FAMILIES ladders, so an OOD

@@ -46,10 +46,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlanything.algo.parsing import extract_last_boxed
-from rlanything.envs.base import StepResult
+from rlanything.envs.base import Environment, StepResult
 
 if TYPE_CHECKING:
-    from rlanything.config import EnvConfig, OSWorldOptions
+    from rlanything.config import EnvConfig
+    from rlanything.envs.kinds import OSWorldOptions
 
 SPECIAL = ("WAIT", "DONE", "FAIL")
 MAX_VARIANTS = 8  # sibling examples offered to the environment model
@@ -153,7 +154,7 @@ def _give_back(cfg: OSWorldOptions, desktop: Any) -> None:
         _IDLE.setdefault(json.dumps(cfg.desktop_env, sort_keys=True), []).append(desktop)
 
 
-class OSWorldEnv:
+class OSWorldEnv(Environment):
     replayable = False  # see the module docstring: verify keeps the live outcome
     system_prompt = (
         "You control a computer's desktop to complete the task shown. Each turn you see the task, what "

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import reasoning_gym
 
-from rlanything.envs.base import StepLabel, StepResult, parse_json_box
+from rlanything.envs.base import Environment, StepLabel, StepResult, parse_json_box
 from rlanything.envs.heldout import EXAMPLE_SEED
+from rlanything.seeding import slot_seed
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
@@ -58,7 +59,7 @@ def worked_example(spec: dict[str, Any]) -> tuple[str, str]:
     return entry["question"], f"{work}The answer is \\boxed{{{answer}}}."
 
 
-class ReasoningGymEnv:
+class ReasoningGymEnv(Environment):
     system_prompt = "Solve the problem. Think step by step, then give only the final answer inside \\boxed{}."
     judge_hint = "A good step reasons correctly and puts the correct final answer in \\boxed{}."
 
@@ -102,7 +103,7 @@ class ReasoningGymEnv:
     def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:
         options = config.options
         return [
-            {"dataset": options.dataset, "config": dict(options.dataset_config), "seed": seed * 100_003 + slot}
+            {"dataset": options.dataset, "config": dict(options.dataset_config), "seed": slot_seed(seed, slot)}
             for slot in range(config.num_problems)
         ]
 
@@ -150,8 +151,8 @@ class ReasoningGymEnv:
         generator with every integer `max_*` knob two steps harder (the generator's defaults
         stand in for knobs the config leaves out).
 
-        Kept apart: training seeds are `seed * 100_003 + slot` (initial_specs) and rewrites
-        change knobs, never the seed, so a training seed is ≡ slot (mod 100_003) for every run
+        Kept apart: training seeds are `seeding.slot_seed(seed, slot)` (initial_specs) and rewrites
+        change knobs, never the seed, so a training seed is ≡ slot (mod SLOT_STRIDE) for every run
         seed; evaluation seeds are ≡ 99_003..100_002 (`envs/heldout.py`), and any initial seed
         is dropped again explicitly."""
         from rlanything.envs.heldout import heldout_seeds

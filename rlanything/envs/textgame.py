@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 
-from rlanything.envs.base import StepResult, parse_json_box  # noqa: F401  (text games import parse_json_box from here)
+from rlanything.envs.base import Environment, StepResult, parse_json_box  # noqa: F401  (text games import parse_json_box from here)
 
 SYSTEM_PROMPT = (
     "You are playing a text-based household game. Each turn you see the goal, what just happened and "
@@ -99,7 +99,7 @@ def tidy(text: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
 
 
-class TextGameEnv:
+class TextGameEnv(Environment):
     """Turn logic shared by the games whose engine answers `step(command) -> (state, score,
     done)` with `state.won / feedback / admissible_commands` (TextWorld, ALFWorld).
     Subclasses implement `reset` and the spec/rewrite static methods."""

@@ -62,6 +62,7 @@ from textworld.generator import compile_game
 
 from rlanything.envs.base import StepLabel
 from rlanything.envs.textgame import TextGameEnv, observation, parse_json_box, resolve_command, tidy
+from rlanything.seeding import slot_seed
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
@@ -360,7 +361,7 @@ class TextWorldEnv(TextGameEnv):
     def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:
         tw = config.options
         return [
-            {"game": tw.game, "options": dict(tw.tw_make), "seed": (seed * 100_003 + slot) % 2**31}
+            {"game": tw.game, "options": dict(tw.tw_make), "seed": slot_seed(seed, slot) % 2**31}
             for slot in range(config.num_problems)
         ]
 
@@ -427,8 +428,8 @@ class TextWorldEnv(TextGameEnv):
         two `rule_rewrite` steps harder (as far as the caps allow) and, for `custom`, a world two
         rooms bigger.
 
-        Kept apart: initial seeds are `(seed * 100_003 + slot) % 2**31` and rule rewrites keep
-        the seed; evaluation seeds have a residue modulo 100_003 no slot has
+        Kept apart: initial seeds are `seeding.slot_seed(seed, slot) % 2**31` and rule rewrites
+        keep the seed; evaluation seeds have a residue modulo SLOT_STRIDE no slot has
         (`envs/heldout.py`), and the run's initial seeds are dropped explicitly (they can wrap
         for run seeds above 21_474). A model rewrite may pick any seed: the evaluation drops
         held-out games whose seed the run's buffer holds."""

@@ -29,7 +29,7 @@ import json
 import threading
 from typing import TYPE_CHECKING, Any
 
-from rlanything.envs.base import StepResult
+from rlanything.envs.base import Environment, StepResult
 from rlanything.envs.textgame import (
     JUDGE_HINT,
     SYSTEM_PROMPT,
@@ -39,6 +39,7 @@ from rlanything.envs.textgame import (
     resolve_command,
     tidy,
 )
+from rlanything.seeding import slot_seed
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
@@ -121,7 +122,7 @@ def gold_path(spec: dict[str, Any]) -> list[str]:
     return list(game.getGoldActionSequence())
 
 
-class TextWorldExpressEnv:
+class TextWorldExpressEnv(Environment):
     system_prompt = SYSTEM_PROMPT
     judge_hint = JUDGE_HINT
 
@@ -164,7 +165,7 @@ class TextWorldExpressEnv:
     def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:
         twx = config.options
         return [
-            {"game": twx.game, "params": dict(twx.params), "seed": (seed * 100_003 + slot) % 2**31, "fold": twx.fold}
+            {"game": twx.game, "params": dict(twx.params), "seed": slot_seed(seed, slot) % 2**31, "fold": twx.fold}
             for slot in range(config.num_problems)
         ]
 
@@ -210,8 +211,8 @@ class TextWorldExpressEnv:
         (numLocations + 2 where the game has it) and the main knob one step harder.
 
         Kept apart: training specs keep the configured fold (rewrites change parameters and
-        seed only) and initial seeds are `(seed * 100_003 + slot) % 2**31`; evaluation seeds
-        have a residue modulo 100_003 no slot has (`envs/heldout.py`), the run's initial seeds
+        seed only) and initial seeds are `seeding.slot_seed(seed, slot) % 2**31`; evaluation
+        seeds have a residue modulo SLOT_STRIDE no slot has (`envs/heldout.py`), the run's initial seeds
         are dropped explicitly, and the evaluation drops any seed the run's buffer holds (a
         model rewrite may pick any)."""
         from rlanything.envs.heldout import heldout_seeds

@@ -17,7 +17,7 @@ import json
 
 import pandas as pd
 
-from rlanything.envs.base import env_class, make_env, replayable, step_labels
+from rlanything.envs.base import env_class, make_env, optional, replayable, step_labels
 
 TEST_COUNTS = ("tests_passed", "tests_total")  # null for environments without ground-truth tests
 OUTCOME_IDS = ("traj_id", "task_id", "slot", "version", "rollout_idx", "num_steps", "termination", "pending")
@@ -37,7 +37,7 @@ def replay(env_config, spec: dict, actions: list[str | None]) -> tuple[int, list
         for action in actions:
             env.step(action)
         outcome = env.outcome()
-        return outcome, getattr(env, "test_results", None)
+        return outcome, optional(env, "test_results")
     finally:
         env.close()
 

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from rlanything.config import ENV_OPTIONS, ConfigError, NoOptions, build_config
-from rlanything.envs.base import ENV_CLASSES, env_class, initial_specs, make_env
+from rlanything.config import ConfigError, build_config
+from rlanything.envs.base import Environment, env_class, initial_specs, make_env, optional, replayable, screenshot
+from rlanything.envs.kinds import ENV_KINDS, NoOptions
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_env"
 KIND = "my_env_pkg.addition:AdditionEnv"
@@ -99,6 +100,18 @@ def test_bad_plugin_kinds_are_refused_with_the_reason():
 
 
 def test_every_builtin_kind_has_a_class_and_an_options_model():
-    assert set(ENV_CLASSES) == set(ENV_OPTIONS)
-    for kind in ("reasoning_gym", "coding"):  # the ones whose libraries import fast
-        assert env_class(kind).__name__ in ENV_CLASSES[kind]
+    for kind, entry in ENV_KINDS.items():
+        assert issubclass(entry.options, BaseModel) and entry.options.model_config["extra"] == "forbid", kind
+        cls = env_class(kind)  # imports the class (and its libraries)
+        assert entry.env_class.endswith(":" + cls.__name__) and Environment in cls.__mro__, kind
+
+
+def test_a_plugin_may_leave_the_optional_members_out(example_on_path):
+    cls = env_class(KIND)  # AdditionEnv does not subclass Environment
+    env = cls(build_config({"env": {"kind": KIND}}).env)
+    assert Environment not in cls.__mro__
+    assert replayable(cls) and screenshot(env) is None and optional(env, "example") is None
+    assert optional(cls, "step_labels")(None, {"a": 1, "b": 2}, ["3"]) is None
+    assert optional(cls, "heldout_specs") is None and optional(env, "test_results") is None
+    with pytest.raises(AttributeError, match="not an optional member"):
+        optional(env, "reset")
