@@ -23,8 +23,6 @@ from rlanything.tasks import cancellation
 
 CACHE_VERSION = "1"
 FAULT_ENV = "RLANYTHING_FAULT"
-FLIP_ADVANTAGE_ENV = "RLANYTHING_FAULT_FLIP_ADVANTAGE"
-"""Testing hook: "1" negates every policy advantage in the advantages step (learning must fail)."""
 
 
 def open_run(run_dir: str) -> tuple[Config, RunLayout]:

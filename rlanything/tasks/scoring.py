@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import pandas as pd
 
@@ -16,7 +15,7 @@ from rlanything.progress import progress
 from rlanything.seeding import derive_seed
 from rlanything.storage.artifacts import read_artifact, write_artifact
 from rlanything.storage.schemas import ADVANTAGES, JUDGMENTS
-from rlanything.tasks.common import FLIP_ADVANTAGE_ENV, model_path, open_run, step_task, weights_label
+from rlanything.tasks.common import model_path, open_run, step_task, weights_label
 from rlanything.tasks.unit_tests import score_with_unit_tests, unit_test_advantage_rows
 from rlanything.tasks.unit_tests import solutions as unit_test_solutions
 
@@ -196,8 +195,6 @@ def advantages(run_dir: str, iteration: int):
             outcome_weight=config.algo.outcome_weight,
             steps=None if config.rm.judgments_per_step else read_artifact(layout, iteration, "rollouts"),
         )
-    if os.environ.get(FLIP_ADVANTAGE_ENV) == "1":  # test-only fault: the learning test's negative control
-        samples.loc[samples.kind == "policy", "advantage"] *= -1
     path = write_artifact(samples, layout, iteration, "advantages")
     pol, rm = samples[samples.kind == "policy"], samples[samples.kind == "rm"]
     judged = judgments[judgments.parsed].merge(outcomes[["traj_id", "outcome"]], on="traj_id")

@@ -5,7 +5,9 @@ through the real training flow (Prefect, MLflow, Parquet). Each claim has a cont
 breaks exactly the part it checks, so a test that always passed would be caught:
 
 * policy: greedy accuracy on held-out problems rises by a clear margin; with the advantage sign
-  flipped (the test-only hook RLANYTHING_FAULT_FLIP_ADVANTAGE) it does not rise;
+  flipped it does not rise. The flip is this test's own fault: the flows run their steps in this
+  process, so `signed_policy_advantages` wraps the advantages step's `compute_samples` and scales
+  its policy rows by -1, and the learning run goes through the very same wrapper with +1;
 * reward model: with the policy held fixed (so the outcomes keep one distribution), the RM's
   agreement with the outcomes (`rm/agreement`) rises when the RM trains, not when it is frozen
   (`rm.optim.frozen`). Both RM runs play the very same episodes: only the RM differs.
@@ -17,11 +19,12 @@ import json
 import os
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from rlanything.storage.artifacts import read_artifact
 from rlanything.storage.layout import RunLayout
-from rlanything.tasks.common import FLIP_ADVANTAGE_ENV
+from rlanything.tasks import scoring
 
 pytestmark = pytest.mark.slow
 
@@ -63,9 +66,41 @@ def policy_curve(root: Path, name: str, overrides: list[str] = ()) -> list[float
     return curve
 
 
-def test_policy_learns(prefect_server, tmp_path):
+def signed_policy_advantages(monkeypatch, sign: int) -> list[pd.DataFrame]:
+    """Make the advantages step multiply its policy samples' advantages by `sign`: the step looks
+    `compute_samples` up in its module when it runs, in this process. -> the frames as computed,
+    before the sign, one per call."""
+    computed, compute = [], scoring.compute_samples
+
+    def signed(*args, **kwargs):
+        samples = compute(*args, **kwargs)
+        computed.append(samples.copy())
+        samples.loc[samples.kind == "policy", "advantage"] *= sign
+        return samples
+
+    monkeypatch.setattr(scoring, "compute_samples", signed)
+    return computed
+
+
+def assert_every_iteration_signed(layout: RunLayout, computed: list[pd.DataFrame], sign: int) -> None:
+    """Every iteration ran the wrapped step (no cached result skipped it) and trained on the
+    signed advantages: the policy rows' times `sign`, the RM rows as computed."""
+    iterations = len(list(layout.run_dir.glob("iter_*/summary.json")))
+    assert iterations > 0 and len(computed) == iterations
+    for iteration, samples in enumerate(computed):
+        on_disk = read_artifact(layout, iteration, "advantages")
+        policy = samples.kind == "policy"
+        assert (samples.advantage[policy] != 0).any()  # something to flip
+        expected = samples.advantage.where(~policy, sign * samples.advantage).to_numpy()
+        assert on_disk.kind.tolist() == samples.kind.tolist()
+        assert on_disk.advantage.to_numpy() == pytest.approx(expected)  # float32 on disk
+
+
+def test_policy_learns(prefect_server, tmp_path, monkeypatch):
+    computed = signed_policy_advantages(monkeypatch, +1)  # the control's wrapper, the sign left alone
     base, last = policy_curve(tmp_path, "learn")
     assert last - base >= POLICY_MARGIN
+    assert_every_iteration_signed(RunLayout(tmp_path / "learn"), computed, +1)
 
 
 def test_policy_learns_with_no_rm_in_the_loop(prefect_server, tmp_path):
@@ -83,9 +118,10 @@ def test_policy_learns_with_no_rm_in_the_loop(prefect_server, tmp_path):
 
 
 def test_policy_with_flipped_advantages_does_not_learn(prefect_server, tmp_path, monkeypatch):
-    monkeypatch.setenv(FLIP_ADVANTAGE_ENV, "1")
+    computed = signed_policy_advantages(monkeypatch, -1)
     base, last = policy_curve(tmp_path, "flipped", ["rm.optim.frozen=true"])
     assert last - base < NOISE
+    assert_every_iteration_signed(RunLayout(tmp_path / "flipped"), computed, -1)
 
 
 @pytest.fixture(scope="module")
