@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlanything.algo.advantages import group_zscore, step_index_advantages
+from rlanything.algo.advantages import group_zscore, is_negligible, step_index_advantages
 from rlanything.algo.curriculum import in_band, task_accuracy
 
 UNPARSED_REWARD = -2.0  # an unparseable test earns what an unparseable judgment does
@@ -138,8 +138,8 @@ def unit_test_samples(
 
     Policy: R = outcome_weight * test_fraction + lam * generated_fraction, z-scored per task; kept in the policy
     band when the advantage is not 0. RM: the task's test rewards z-scored by
-    `unit_test_advantages`; kept in the RM band unless all K rewards are equal ("zero_std") or
-    the advantage is 0.
+    `unit_test_advantages`; kept in the RM band unless all K rewards are equal ("zero_std", up to
+    ``advantages.is_negligible``) or the advantage is 0.
 
     Worked example: one task, two solutions (all tests / half the tests), two generated tests.
     >>> pol, rm = unit_test_samples(
@@ -152,13 +152,32 @@ def unit_test_samples(
     """
     task_all = np.asarray(trajectories["task_id"], dtype=object)
     accuracy = task_accuracy(np.asarray(trajectories["outcome"]), task_all)
+    policy = _policy_samples(trajectories, accuracy, lam=lam, band=policy_band, outcome_weight=outcome_weight)
+    return policy, _rm_samples(tests, accuracy, band=band)
+
+
+def _policy_samples(
+    trajectories: dict[str, np.ndarray],
+    accuracy: dict[object, float],
+    *,
+    lam: float,
+    band: tuple[float, float],
+    outcome_weight: float,
+) -> dict[str, np.ndarray]:
+    """The policy half of `unit_test_samples`: one sample per trajectory (T,), step_idx 0.
+
+    R = outcome_weight * test_fraction + lam * generated_fraction, z-scored per task; kept when
+    the task's accuracy (`task_accuracy`: task id -> accuracy) lies in `band` and the advantage
+    is not 0.
+    """
+    task_all = np.asarray(trajectories["task_id"], dtype=object)
     reward = outcome_weight * np.asarray(trajectories["test_fraction"], dtype=np.float64) + lam * np.asarray(
         trajectories["generated_fraction"], dtype=np.float64
     )
     step_idx = np.zeros(len(task_all), dtype=np.int64)
     advantage = step_index_advantages(reward, task_all, step_idx)
-    policy_ok = np.asarray(in_band(np.array([accuracy[t] for t in task_all], dtype=np.float64), *policy_band), bool)
-    policy = {
+    policy_ok = np.asarray(in_band(np.array([accuracy[t] for t in task_all], dtype=np.float64), *band), bool)
+    return {
         "traj_id": np.asarray(trajectories["traj_id"], dtype=np.int64),
         "task_id": task_all,
         "step_idx": step_idx,
@@ -168,6 +187,22 @@ def unit_test_samples(
         "drop_reason": _drop_reasons(~policy_ok, np.zeros(len(reward), bool), advantage == 0),
     }
 
+
+def _rm_samples(
+    tests: dict[str, np.ndarray], accuracy: dict[object, float], *, band: tuple[float, float]
+) -> dict[str, np.ndarray]:
+    """The RM half of `unit_test_samples`: one sample per generated test (N,), traj_id -1.
+
+    Each task's test rewards z-scored by `unit_test_advantages`; kept when the task's accuracy
+    lies in `band`, its rewards are not all equal ("zero_std", up to ``is_negligible``) and the
+    advantage is not 0. A test of a task without a trainable trajectory is a ValueError.
+
+    Worked example: two tests whose rewards differ by float noise only (0.1 + 0.2 vs 0.3).
+    >>> rm = _rm_samples({"task_id": np.array(["a", "a"]), "test_idx": np.array([0, 1]),
+    ...                   "reward": np.array([0.1 + 0.2, 0.3])}, {"a": 0.5}, band=(0.2, 0.8))
+    >>> rm["advantage"].tolist(), rm["drop_reason"].tolist()
+    ([0.0, 0.0], ['zero_std', 'zero_std'])
+    """
     test_task = np.asarray(tests["task_id"], dtype=object)
     unknown = sorted(set(test_task.tolist()) - set(accuracy))
     if unknown:
@@ -176,10 +211,12 @@ def unit_test_samples(
     rm_adv, zero_std = np.zeros(len(test_reward)), np.zeros(len(test_reward), dtype=bool)
     for task in dict.fromkeys(test_task.tolist()):  # first-seen order
         rows = np.flatnonzero(test_task == task)
-        rm_adv[rows] = unit_test_advantages(test_reward[rows])
-        zero_std[rows] = len(rows) > 1 and np.ptp(test_reward[rows]) == 0
+        group = test_reward[rows]
+        rm_adv[rows] = unit_test_advantages(group)
+        # the z-score's own "std 0" rule: 0.1 + 0.2 and 0.3 are equal rewards, not a spread of 5.6e-17
+        zero_std[rows] = len(rows) > 1 and is_negligible(np.ptp(group), np.abs(group).max())
     rm_ok = np.asarray(in_band(np.array([accuracy[t] for t in test_task], dtype=np.float64), *band), dtype=bool)
-    rm = {
+    return {
         "traj_id": np.full(len(test_task), -1, dtype=np.int64),
         "task_id": test_task,
         "step_idx": np.zeros(len(test_task), dtype=np.int64),
@@ -189,7 +226,6 @@ def unit_test_samples(
         "kept": rm_ok & ~zero_std & (rm_adv != 0),
         "drop_reason": _drop_reasons(~rm_ok, zero_std, rm_adv == 0),
     }
-    return policy, rm
 
 
 def _drop_reasons(out_of_band: np.ndarray, zero_std: np.ndarray, zero: np.ndarray) -> np.ndarray:

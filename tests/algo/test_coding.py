@@ -152,3 +152,21 @@ def test_unit_test_samples_all_equal_rewards_are_zero_std_and_unknown_tasks_rais
     tests["task_id"] = np.array(["a", "z"])
     with pytest.raises(ValueError, match="no trainable trajectory"):
         unit_test_samples(tests, trajectories, lam=1.0, band=(0.0, 1.0), policy_band=(0.0, 1.0))
+
+
+def test_unit_test_samples_rewards_equal_up_to_float_noise_are_zero_std():
+    """Task a's two tests earn 0.1 + 0.2 = 0.30000000000000004 and 0.3: max - min = 5.55e-17,
+    not 0 for `==`, but below the tolerance 1e-9 * (0.3 + 1) of `is_negligible` -> zero_std, as
+    the z-score itself decides (its advantages are 0.0). Task b's [1, -1] still trains."""
+    noisy = 0.1 + 0.2
+    assert noisy != 0.3 and noisy - 0.3 == pytest.approx(5.551115123125783e-17, abs=0)  # the noise, by hand
+    trajectories = {"traj_id": np.array([0, 1, 2, 3]), "task_id": np.array(["a", "a", "b", "b"]),
+                    "outcome": np.array([1, -1, 1, -1]), "test_fraction": np.array([1.0, 0.0, 1.0, 0.0]),
+                    "generated_fraction": np.zeros(4)}  # fmt: skip
+    tests = {"task_id": np.array(["a", "a", "b", "b"]), "test_idx": np.array([0, 1, 0, 1]),
+             "reward": np.array([noisy, 0.3, 1.0, -1.0])}  # fmt: skip
+    _, rm = unit_test_samples(tests, trajectories, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8))
+    s = np.std([1.0, -1.0], ddof=1) + EPS  # sqrt(2) + 1e-6
+    assert rm["advantage"].tolist() == [0.0, 0.0, 1 / s, -1 / s]
+    assert rm["drop_reason"].tolist() == ["zero_std", "zero_std", None, None]  # == 0 on max - min said zero_advantage
+    assert rm["kept"].tolist() == [False, False, True, True]
