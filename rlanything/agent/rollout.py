@@ -21,8 +21,9 @@ from typing import Any
 
 from rlanything.algo.parsing import parse_answer
 from rlanything.envs.base import Environment, example_of, replayable, screenshot
-from rlanything.models.engine import GenerationEngine, PrefixCache
+from rlanything.models.generation import GenerationEngine, PrefixCache
 from rlanything.models.prompts import policy_messages, render
+from rlanything.seeding import step_seed
 
 
 @dataclass
@@ -84,6 +85,38 @@ def play(
     `screenshot_errors`, when given, collects one line per screenshot that failed;
     `prefix_cache` (a fresh one when None) carries the episodes' KV from turn to turn."""
     shot_errors = screenshot_errors if screenshot_errors is not None else []
+    episodes = _start_episodes(make_env, tasks, group_size, save_screenshot, shot_errors)
+    rows: list[dict] = []
+    prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()  # turn t's prompts extend turn t-1's
+    for step_idx in range(max_steps):
+        active = [ep for ep in episodes if ep.termination is None]
+        if not active:
+            break
+        rendered = [_render_prompt(tokenizer, ep) for ep in active]
+        gens = engine.generate(
+            [ids for _, ids in rendered],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=step_seed(seed, step_idx),
+            prefix_cache=prefix_cache,
+        )
+        last_step = step_idx == max_steps - 1
+        for ep, (prompt, prompt_ids), gen in zip(active, rendered, gens):
+            played = _act(ep, gen.text, step_idx, last_step, answer_fallback, save_screenshot, shot_errors)
+            rows.append(_step_row(ep, step_idx, prompt, prompt_ids, gen, *played))
+    return rows, [_finish(ep) for ep in episodes]
+
+
+def _start_episodes(
+    make_env: Callable[[], Environment],
+    tasks: list[dict[str, Any]],
+    group_size: int,
+    save: SaveScreenshot | None,
+    errors: list[str],
+) -> list[Episode]:
+    """One episode per (task, rollout), every environment made first, then each reset to its
+    task's spec (its first observation and start screen kept; a reset that raises is env_error)."""
     episodes = [
         Episode(t * group_size + r, task, r, make_env()) for t, task in enumerate(tasks) for r in range(group_size)
     ]
@@ -91,80 +124,98 @@ def play(
         first = _env_call(ep, ep.env.reset, ep.task["spec"])
         if first is not None:
             ep.observations.append(first)
-            ep.first_screenshot = _keep_screen(ep, save_screenshot, None, shot_errors)
-    rows: list[dict] = []
-    prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()  # turn t's prompts extend turn t-1's
-    for step_idx in range(max_steps):
-        active = [ep for ep in episodes if ep.termination is None]
-        if not active:
-            break
-        rendered = [
-            render(tokenizer, policy_messages(ep.env.system_prompt, ep.observations, ep.responses, example_of(ep.env)))
-            for ep in active
-        ]
-        gens = engine.generate(
-            [ids for _, ids in rendered],
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed + 7919 * step_idx,
-            prefix_cache=prefix_cache,
-        )
-        for ep, (prompt, prompt_ids), gen in zip(active, rendered, gens):
-            action, status = parse_answer(gen.text, answer_fallback)
-            result = _env_call(ep, ep.env.step, action)
-            observation = result.observation if result is not None else ""
-            done = result.done if result is not None else True
-            ep.responses.append(gen.text)
-            ep.observations.append(observation)
-            if ep.termination is None and done:
-                ep.termination = "done"
-            elif ep.termination is None and step_idx == max_steps - 1:
-                ep.termination = "max_steps"
-            shot = _keep_screen(ep, save_screenshot, step_idx, shot_errors)
-            if ep.termination == "done" and not replayable(ep.env):
-                ep.live_outcome = _env_call(ep, ep.env.outcome)
-            rows.append(
-                {
-                    "traj_id": ep.traj_id,
-                    "task_id": ep.task["task_id"],
-                    "slot": ep.task["slot"],
-                    "version": ep.task["version"],
-                    "rollout_idx": ep.rollout_idx,
-                    "step_idx": step_idx,
-                    "prompt": prompt,
-                    "response": gen.text,
-                    "action": action,
-                    "action_status": status,
-                    "observation": observation,
-                    "done": ep.termination is not None,
-                    "finish_reason": gen.finish_reason,
-                    "prompt_ids": prompt_ids,
-                    "response_ids": gen.token_ids,
-                    "logprobs": gen.logprobs,
-                    "prompt_tokens": len(prompt_ids),
-                    "response_tokens": len(gen.token_ids),
-                    "pending": ep.task["pending"],
-                    "screenshot": shot,
-                }
-            )
-    trajectories = []
-    for ep in episodes:
-        _env_call(ep, ep.env.close)
-        trajectories.append(
-            {
-                "traj_id": ep.traj_id,
-                "task_id": ep.task["task_id"],
-                "slot": ep.task["slot"],
-                "version": ep.task["version"],
-                "rollout_idx": ep.rollout_idx,
-                "first_observation": ep.observations[0] if ep.observations else "",
-                "num_steps": len(ep.responses),
-                "termination": ep.termination or "max_steps",
-                "error": ep.error,
-                "pending": ep.task["pending"],
-                "first_screenshot": ep.first_screenshot,
-                "live_outcome": ep.live_outcome,
-            }
-        )
-    return rows, trajectories
+            ep.first_screenshot = _keep_screen(ep, save, None, errors)
+    return episodes
+
+
+def _render_prompt(tokenizer, ep: Episode) -> tuple[str, list[int]]:
+    """The policy's prompt for the episode's next turn -> (text, token ids)."""
+    return render(tokenizer, policy_messages(ep.env.system_prompt, ep.observations, ep.responses, example_of(ep.env)))
+
+
+def _act(
+    ep: Episode,
+    response: str,
+    step_idx: int,
+    last_step: bool,
+    answer_fallback: str,
+    save: SaveScreenshot | None,
+    errors: list[str],
+) -> tuple[str | None, str, str, str | None]:
+    """Play one policy response in its episode -> (action, action_status, observation, screenshot).
+
+    The episode ends "done" when the environment says so (or failed: env_error), else
+    "max_steps" on the last step; a finished episode of an environment that cannot be replayed
+    gets its outcome asked now (`live_outcome`), after the step's screenshot."""
+    action, status = parse_answer(response, answer_fallback)
+    result = _env_call(ep, ep.env.step, action)
+    observation = result.observation if result is not None else ""
+    done = result.done if result is not None else True
+    ep.responses.append(response)
+    ep.observations.append(observation)
+    if ep.termination is None and done:
+        ep.termination = "done"
+    elif ep.termination is None and last_step:
+        ep.termination = "max_steps"
+    shot = _keep_screen(ep, save, step_idx, errors)
+    if ep.termination == "done" and not replayable(ep.env):
+        ep.live_outcome = _env_call(ep, ep.env.outcome)
+    return action, status, observation, shot
+
+
+def _episode_ids(ep: Episode) -> dict[str, Any]:
+    """The columns that name an episode, first in both a step row and a trajectory row."""
+    return {
+        "traj_id": ep.traj_id,
+        "task_id": ep.task["task_id"],
+        "slot": ep.task["slot"],
+        "version": ep.task["version"],
+        "rollout_idx": ep.rollout_idx,
+    }
+
+
+def _step_row(
+    ep: Episode,
+    step_idx: int,
+    prompt: str,
+    prompt_ids: list[int],
+    gen,
+    action: str | None,
+    status: str,
+    observation: str,
+    shot: str | None,
+) -> dict:
+    """One row of rollouts.parquet: the exact tokens the policy saw and produced at this step."""
+    return {
+        **_episode_ids(ep),
+        "step_idx": step_idx,
+        "prompt": prompt,
+        "response": gen.text,
+        "action": action,
+        "action_status": status,
+        "observation": observation,
+        "done": ep.termination is not None,
+        "finish_reason": gen.finish_reason,
+        "prompt_ids": prompt_ids,
+        "response_ids": gen.token_ids,
+        "logprobs": gen.logprobs,
+        "prompt_tokens": len(prompt_ids),
+        "response_tokens": len(gen.token_ids),
+        "pending": ep.task["pending"],
+        "screenshot": shot,
+    }
+
+
+def _finish(ep: Episode) -> dict:
+    """Close the episode's environment, then its trajectory row (a close that raises is env_error)."""
+    _env_call(ep, ep.env.close)
+    return {
+        **_episode_ids(ep),
+        "first_observation": ep.observations[0] if ep.observations else "",
+        "num_steps": len(ep.responses),
+        "termination": ep.termination or "max_steps",
+        "error": ep.error,
+        "pending": ep.task["pending"],
+        "first_screenshot": ep.first_screenshot,
+        "live_outcome": ep.live_outcome,
+    }
