@@ -18,6 +18,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from rlanything.metric_names import is_step_time
+
 RM_MEASURES = (
     "rm_step_accuracy",
     "rm_outcome_accuracy",
@@ -127,7 +129,7 @@ def plot_splits(summary: pd.DataFrame, title: str, out: Path) -> Path:
 def step_seconds(summary: dict) -> float:
     """Training time of one iteration: the sum of its steps' own wall times (`time/*_s` in its
     summary.json)."""
-    return sum(v for k, v in summary.items() if k.startswith("time/") and k.endswith("_s"))
+    return sum(v for k, v in summary.items() if is_step_time(k))
 
 
 def training_wall_time(run_dir: Path, iteration: int) -> float:

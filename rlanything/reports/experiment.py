@@ -31,17 +31,13 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from rlanything import metric_names as names
 from rlanything.algo.metrics import wilson_interval
 from rlanything.reports.eval import eval_history, pct, step_seconds
 
+RM_ACCURACY = (names.RM_OUTCOME_ACCURACY, names.RM_OUTCOME_AUROC, names.RM_PROCESS_ACCURACY)  # rm_accuracy.png
 # Training metrics the comparison reads from iter_NNNN/summary.json (absent ones stay NaN).
-TRAINING_METRICS = (
-    "accuracy",
-    "rm/outcome_accuracy",
-    "rm/outcome_auroc",
-    "rm/process_accuracy",
-    "adapt/accepted_total",
-)
+TRAINING_METRICS = (names.ACCURACY, *RM_ACCURACY, names.ADAPT_ACCEPTED_TOTAL)
 FIGURES = ("heldout_vs_iteration", "heldout_vs_wall_time", "integrated_vs_outcome", "rm_accuracy", "accepted_tasks")
 
 
@@ -159,9 +155,9 @@ def comparison_markdown(
     for r in table.to_dict("records"):
         cells = [r["label"], str(r["seeds"]), str(r["iterations"]), _num(r["training_min"], 1)]
         cells += [_ci(r[f"strict_{s}"]) for s in splits] + [_ci(r[f"accuracy_{s}"]) for s in splits]
-        cells += [_num(r["rm/outcome_accuracy"]), _num(r["rm/outcome_auroc"]), _num(r["rm/process_accuracy"])]
+        cells += [_num(r[metric]) for metric in RM_ACCURACY]
         cells += [_num(r[f"heldout_rm_outcome_accuracy_{s}"]) for s in splits]
-        cells += [_num(r["adapt/accepted_total"], 1)]
+        cells += [_num(r[names.ADAPT_ACCEPTED_TOTAL], 1)]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -250,7 +246,7 @@ def plot_figures(
     fig = Figure(figsize=(12, 4.2), layout="constrained")
     left, right = fig.subplots(1, 2)
     if len(training):
-        _lines(left, training[training.arm.isin(list(outcome_arms))], "iteration", "accuracy", outcome_arms)
+        _lines(left, training[training.arm.isin(list(outcome_arms))], "iteration", names.ACCURACY, outcome_arms)
     if len(shown) and splits:
         rows = shown[(shown.split == splits[0]) & shown.arm.isin(list(outcome_arms))]
         _lines(right, rows, "iteration", "strict_accuracy", outcome_arms)
@@ -259,7 +255,7 @@ def plot_figures(
     save(fig, "integrated_vs_outcome")
 
     fig = Figure(figsize=(15, 4.2), layout="constrained")
-    for ax, metric in zip(fig.subplots(1, 3), ("rm/outcome_accuracy", "rm/outcome_auroc", "rm/process_accuracy")):
+    for ax, metric in zip(fig.subplots(1, 3), RM_ACCURACY):
         if len(training):
             _lines(ax, training, "iteration", metric, arms)
         ax.set(title=f"{metric} (training rollouts)", xlabel="iteration", ylim=(-0.02, 1.02))
@@ -270,7 +266,7 @@ def plot_figures(
     fig = Figure(figsize=(6, 4.2), layout="constrained")
     ax = fig.subplots()
     if len(training):
-        _lines(ax, training, "iteration", "adapt/accepted_total", arms)
+        _lines(ax, training, "iteration", names.ADAPT_ACCEPTED_TOTAL, arms)
     ax.set(title="accepted (rewritten) tasks, cumulative", xlabel="iteration")
     save(fig, "accepted_tasks")
     return paths

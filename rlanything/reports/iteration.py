@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from rlanything import metric_names as names
 from rlanything.algo.curriculum import task_accuracy
 from rlanything.storage.artifacts import artifact_schema, read_artifact
 from rlanything.storage.layout import STEPS, RunLayout
@@ -34,49 +35,44 @@ from rlanything.storage.parquet import atomic_write, write_text
 
 # panel title -> metrics drawn in it, over iterations
 CURVES = {
-    "Outcomes": ["accuracy", "mean_outcome"],
+    "Outcomes": [names.ACCURACY, names.MEAN_OUTCOME],
     "Reward model": [
-        "rm/agreement",
-        "rm/parse_rate",
-        "rm/outcome_accuracy",
-        "rm/outcome_auroc",
-        "rm/process_accuracy",  # environments with step labels only
-        "rm/score_gap",
+        names.RM_AGREEMENT,
+        names.RM_PARSE_RATE,
+        names.RM_OUTCOME_ACCURACY,
+        names.RM_OUTCOME_AUROC,
+        names.RM_PROCESS_ACCURACY,  # environments with step labels only
+        names.RM_SCORE_GAP,
     ],
-    "Losses": ["policy/loss", "rm/loss"],
-    "KL to the generating model (k3)": ["policy/kl", "rm/kl"],
-    "Updates: clip fraction, entropy (nats)": ["policy/clip_frac", "rm/clip_frac", "policy/entropy", "rm/entropy"],
-    "Learning rate (an iteration's last step)": ["policy/lr_last", "rm/lr_last"],
-    "Task adaptation": ["adapt/proposed", "adapt/accepted", "adapt/rejected", "adapt/accepted_total"],
+    "Losses": names.update_metrics("loss"),
+    "KL to the generating model (k3)": names.update_metrics("kl"),
+    "Updates: clip fraction, entropy (nats)": [*names.update_metrics("clip_frac"), *names.update_metrics("entropy")],
+    "Learning rate (an iteration's last step)": names.update_metrics("lr_last"),
+    "Task adaptation": [*map(names.adapt_metric, ("proposed", "accepted", "rejected")), names.ADAPT_ACCEPTED_TOTAL],
 }
 HEADLINE = [
-    "accuracy",
-    "mean_outcome",
-    "rm/agreement",
-    "rm/outcome_accuracy",
-    "rm/outcome_auroc",
-    "rm/process_accuracy",  # environments with step labels (TextWorld, reasoning-gym)
-    "rm/score_gap",
-    "rm/parse_rate",
-    "unit_tests/parse_rate",  # rm.role unit_tests (coding)
-    "unit_tests/correct_rate",
-    "unit_tests/verdict_agreement",
-    "policy/loss",
-    "rm/loss",
-    "policy/kl",
-    "rm/kl",
-    "policy/clip_frac",
-    "policy/entropy",
-    "policy/grad_norm",
-    "policy/optimizer_steps",
-    "rm/clip_frac",
-    "rm/entropy",
-    "rm/grad_norm",
-    "rm/optimizer_steps",
-    "samples/policy_kept",
-    "samples/rm_kept",
-    "adapt/accepted",
-    "adapt/rejected",
+    names.ACCURACY,
+    names.MEAN_OUTCOME,
+    names.RM_AGREEMENT,
+    names.RM_OUTCOME_ACCURACY,
+    names.RM_OUTCOME_AUROC,
+    names.RM_PROCESS_ACCURACY,  # environments with step labels (TextWorld, reasoning-gym)
+    names.RM_SCORE_GAP,
+    names.RM_PARSE_RATE,
+    names.UNIT_TESTS_PARSE_RATE,  # rm.role unit_tests (coding)
+    names.UNIT_TESTS_CORRECT_RATE,
+    names.UNIT_TESTS_VERDICT_AGREEMENT,
+    *names.update_metrics("loss"),
+    *names.update_metrics("kl"),
+    *(
+        names.update_metric(kind, m)
+        for kind in names.UPDATE_KINDS
+        for m in ("clip_frac", "entropy", "grad_norm", "optimizer_steps")
+    ),
+    names.POLICY_KEPT,
+    names.RM_KEPT,
+    names.adapt_metric("accepted"),
+    names.adapt_metric("rejected"),
 ]
 TEXT_LIMIT = 1500  # characters of one field shown in samples.md
 
@@ -109,7 +105,7 @@ def plot_curves(history: pd.DataFrame, out: Path) -> Path:
     ax = axes.flat[len(CURVES)]
     bottom = np.zeros(len(history))
     for step in STEPS:
-        key = f"time/{step}_s"
+        key = names.step_time(step)
         if key in history:
             values = history[key].fillna(0).to_numpy(float)
             ax.bar(history.index, values, bottom=bottom, label=step)
@@ -271,11 +267,11 @@ def summary_markdown(layout: RunLayout, iteration: int, history: pd.DataFrame, s
         "`Cached`: the step had finished in an earlier attempt; its result came back from Prefect.",
         "",
     ]
-    if now.get("rm_guard/alarm", 0) == 1:  # algo/rm_accuracy.py: the reward-hacking alarm
+    if now.get(names.RM_GUARD_ALARM, 0) == 1:  # algo/rm_accuracy.py: the reward-hacking alarm
         lines += [
             f"**Reward model flagged**: its judgments stopped predicting outcomes (outcome accuracy "
-            f"{_fmt(now.get('rm/outcome_accuracy'))}, score gap {_fmt(now.get('rm/score_gap'))}); "
-            f"the policy's λ this iteration: {_fmt(now.get('rm_guard/lam'))}.",
+            f"{_fmt(now.get(names.RM_OUTCOME_ACCURACY))}, score gap {_fmt(now.get(names.RM_SCORE_GAP))}); "
+            f"the policy's λ this iteration: {_fmt(now.get(names.RM_GUARD_LAM))}.",
             "",
         ]
     lines += ["| metric | this iteration | previous |", "|---|---|---|"]

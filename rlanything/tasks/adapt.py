@@ -9,7 +9,8 @@ from collections import Counter
 import pandas as pd
 
 from rlanything.envs import env_class
-from rlanything.models.task_adaptation import adapt
+from rlanything.metric_names import ADAPT_ACCEPTED_TOTAL, ADAPT_DECISIONS, adapt_metric
+from rlanything.models.adapt_tasks import adapt
 from rlanything.storage.artifacts import read_artifact, write_artifact
 from rlanything.storage.buffer import read_buffer, write_buffer
 from rlanything.storage.schemas import ADAPTATION
@@ -40,12 +41,9 @@ def adapt_tasks(run_dir: str, iteration: int):
         write_buffer(buffer, layout.tasks_snapshot(iteration + 1)),
     ]
     decisions = Counter(r["decision"] for r in rows)
-    metrics = {
-        f"adapt/{k}": decisions.get(k, 0)
-        for k in ("in_band", "proposed", "no_valid_rewrite", "slot_busy", "accepted", "rejected")
-    }
+    metrics = {adapt_metric(k): decisions.get(k, 0) for k in ADAPT_DECISIONS}
     for r in rows:
         if r["decision"] == "rejected":
             metrics[f"adapt/rejected_{r['reason']}"] = metrics.get(f"adapt/rejected_{r['reason']}", 0) + 1
-    metrics["adapt/accepted_total"] = int((buffer.decision == "accepted").sum())
+    metrics[ADAPT_ACCEPTED_TOTAL] = int((buffer.decision == "accepted").sum())
     return paths, metrics

@@ -16,6 +16,7 @@ from prefect.cache_policies import CacheKeyFnPolicy
 
 from rlanything import stopping
 from rlanything.config import Config, load_config
+from rlanything.metric_names import step_time
 from rlanything.models.loading import resolve_model_path
 from rlanything.storage import tracking
 from rlanything.storage.layout import STEPS, RunLayout
@@ -129,7 +130,7 @@ def step_task(name: str) -> Callable:
             inject_fault(name, iteration, "end")
             config, layout = open_run(run_dir)
             tracking.log_artifacts(config.mlflow_uri, layout.mlflow_run_id(), paths, f"iter_{iteration:04d}")
-            metrics[f"time/{name}_s"] = time.perf_counter() - start
+            metrics[step_time(name)] = time.perf_counter() - start
             return {"paths": [str(p) for p in paths], "metrics": metrics}
 
         return task(name=name, persist_result=True, cache_policy=CacheKeyFnPolicy(cache_key_fn=step_cache_key))(run)

@@ -9,13 +9,15 @@ import shutil
 
 import pandas as pd
 
+from rlanything import metric_names as names
 from rlanything import stopping
 from rlanything.agent.rollout import play
 from rlanything.algo.curriculum import success_rate
 from rlanything.algo.parsing import FALLBACKS
 from rlanything.envs import make_env, sandbox
 from rlanything.envs.verification import label_episode, verify_episode
-from rlanything.models.engine import PrefixCache, make_engine
+from rlanything.models.engine_factory import make_engine
+from rlanything.models.generation import PrefixCache
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
 from rlanything.storage.artifacts import read_artifact, write_artifact
@@ -119,8 +121,8 @@ def verify(run_dir: str, iteration: int):
     frame = pd.DataFrame(rows)
     scored = frame[frame.valid & ~frame.pending]
     metrics = {
-        "accuracy": success_rate(scored.outcome.to_numpy()),
-        "mean_outcome": float(scored.outcome.mean()) if len(scored) else 0.0,
+        names.ACCURACY: success_rate(scored.outcome.to_numpy()),
+        names.MEAN_OUTCOME: float(scored.outcome.mean()) if len(scored) else 0.0,
         "verify/invalid_trajectories": int((~frame.valid).sum()),
     }
     if config.env.kind == "coding":

@@ -6,10 +6,12 @@ import logging
 
 import pandas as pd
 
+from rlanything import metric_names as names
 from rlanything.algo.rm_accuracy import guard, outcome_prediction, process_accuracy
 from rlanything.algo.samples import select_samples
 from rlanything.envs import env_class
-from rlanything.models.engine import PrefixCache, make_engine
+from rlanything.models.engine_factory import make_engine
+from rlanything.models.generation import PrefixCache
 from rlanything.models.judge import judge_steps
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
@@ -80,7 +82,7 @@ def rm_score(run_dir: str, iteration: int):
         "tokens/rm_prompt": int(frame.prompt_ids.map(len).sum()) if rows else 0,
     }
     if rows:  # none with no RM in the loop: no rate rather than a made-up 0
-        metrics["rm/parse_rate"] = float(frame.parsed.mean())
+        metrics[names.RM_PARSE_RATE] = float(frame.parsed.mean())
     if cache.prompt_tokens:  # the transformers engine served them (vLLM reuses prefixes on its own)
         metrics["tokens/rm_prompt_reused"] = cache.reused_tokens  # KV of earlier steps' history
     return [out, *empty], metrics
@@ -144,7 +146,7 @@ def rm_process_metrics(judgments: pd.DataFrame, labels: pd.DataFrame) -> dict[st
     )
     if not result["labelled_steps"]:
         return {}
-    return {"rm/process_accuracy": result["process_accuracy"], "rm/process_labels": result["labelled_steps"]}
+    return {names.RM_PROCESS_ACCURACY: result["process_accuracy"], "rm/process_labels": result["labelled_steps"]}
 
 
 def _no_rows(judgments: pd.DataFrame) -> float:
@@ -200,16 +202,16 @@ def advantages(run_dir: str, iteration: int):
     judged = judgments[judgments.parsed].merge(outcomes[["traj_id", "outcome"]], on="traj_id")
     metrics = {
         "reward/policy_mean": float(pol.reward.mean()) if len(pol) else 0.0,
-        "samples/policy_kept": int(pol.kept.sum()),
-        "samples/rm_kept": int(rm.kept.sum()),
+        names.POLICY_KEPT: int(pol.kept.sum()),
+        names.RM_KEPT: int(rm.kept.sum()),
         # no judgment at all (rm.role unit_tests): not logged, rather than a made-up 0
-        "rm/agreement": float((judged.step_score == judged.outcome).mean()) if len(judged) else _no_rows(judgments),
+        names.RM_AGREEMENT: float((judged.step_score == judged.outcome).mean()) if len(judged) else _no_rows(judgments),
         "rm/step_outcome_accuracy": prediction["step_accuracy"],
-        "rm/outcome_accuracy": prediction["trajectory_accuracy"],
-        "rm/outcome_auroc": prediction["auroc"],
-        "rm/score_gap": prediction["score_gap"],
-        "rm_guard/alarm": int(decision.alarm),
-        "rm_guard/lam": decision.lam,
+        names.RM_OUTCOME_ACCURACY: prediction["trajectory_accuracy"],
+        names.RM_OUTCOME_AUROC: prediction["auroc"],
+        names.RM_SCORE_GAP: prediction["score_gap"],
+        names.RM_GUARD_ALARM: int(decision.alarm),
+        names.RM_GUARD_LAM: decision.lam,
         **rm_process_metrics(judgments, read_artifact(layout, iteration, "step_labels")),
     }
     return [path], {k: v for k, v in metrics.items() if v == v}  # NaN (nothing to rank): not logged

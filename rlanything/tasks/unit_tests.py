@@ -13,11 +13,13 @@ import json
 import numpy as np
 import pandas as pd
 
+from rlanything import metric_names as names
 from rlanything.algo.coding import correct_test_pass_fraction, unit_test_samples, unit_test_scores
 from rlanything.config import Config
 from rlanything.envs.coding import load_problem
 from rlanything.envs.unit_tests import parse_unit_test, pass_matrix, style_of, unit_test_example, unit_test_request
-from rlanything.models.engine import PrefixCache, make_engine
+from rlanything.models.engine_factory import make_engine
+from rlanything.models.generation import PrefixCache
 from rlanything.models.judge import write_unit_tests
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
@@ -119,18 +121,18 @@ def unit_test_metrics(tests: pd.DataFrame, matrix: pd.DataFrame) -> dict[str, fl
     correct_rate, incorrect_caught (mean per test) and graded_tests (how many that is)."""
     metrics = {"unit_tests/generated": len(tests), "tokens/rm_response": int(tests.response_ids.map(len).sum())}
     if len(tests):
-        metrics["unit_tests/parse_rate"] = float(tests.parsed.mean())
+        metrics[names.UNIT_TESTS_PARSE_RATE] = float(tests.parsed.mean())
     graded_tasks = set(matrix.task_id[matrix.solution_correct.astype(bool)])  # works on an empty frame too
     graded = tests[tests.parsed & tests.task_id.isin(graded_tasks)]
     metrics["unit_tests/graded_tests"] = len(graded)
     if len(graded):
-        metrics["unit_tests/correct_rate"] = float(graded.correct.mean())
+        metrics[names.UNIT_TESTS_CORRECT_RATE] = float(graded.correct.mean())
         metrics["unit_tests/incorrect_caught"] = float(graded.incorrect_caught.mean())
     if len(matrix):
         verdicts = matrix.groupby(["task_id", "traj_id"]).agg(
             passes=("passed", "all"), truth=("solution_correct", "first")
         )
-        metrics["unit_tests/verdict_agreement"] = float((verdicts.passes == verdicts.truth).mean())
+        metrics[names.UNIT_TESTS_VERDICT_AGREEMENT] = float((verdicts.passes == verdicts.truth).mean())
     return metrics
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from rlanything.config import PolicyConfig, RewardModelConfig
+from rlanything.metric_names import STEP_MEASURES, update_metric
 from rlanything.models.distributed import UpdateJob, launch_update, run_update
 from rlanything.models.trainer import Sample
 from rlanything.progress import progress
@@ -20,9 +21,6 @@ from rlanything.storage.checkpoints import folder_bytes
 from rlanything.storage.layout import RunLayout
 from rlanything.storage.schemas import UPDATE
 from rlanything.tasks.common import model_path, open_run, step_task
-
-# per optimizer step, in <kind>_update.parquet; their sample-weighted means are the iteration's metrics
-STEP_MEASURES = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm")
 
 
 def to_samples(rows: pd.DataFrame) -> list[Sample]:
@@ -75,13 +73,13 @@ def _update(run_dir: str, iteration: int, kind: str, samples: list[Sample], sect
             history = run_update(job, samples, config.train.backend, on_micro_batch=advance)
     path = write_artifact(history, layout, iteration, f"{kind}_update")  # last: marks the step done
     frame = pd.DataFrame(history, columns=UPDATE.names)
-    metrics = {f"{kind}/samples": len(samples), f"{kind}/optimizer_steps": len(history)}
+    metrics = {update_metric(kind, "samples"): len(samples), update_metric(kind, "optimizer_steps"): len(history)}
     metrics[f"checkpoint/{kind}_bytes_written"] = folder_bytes(layout.checkpoint(kind, iteration))
     if history:
         weights = frame.num_samples / frame.num_samples.sum()
         for key in STEP_MEASURES:
-            metrics[f"{kind}/{key}"] = float((frame[key] * weights).sum())
-        metrics[f"{kind}/lr_last"] = float(frame.lr.iloc[-1])
+            metrics[update_metric(kind, key)] = float((frame[key] * weights).sum())
+        metrics[update_metric(kind, "lr_last")] = float(frame.lr.iloc[-1])
         metrics[f"tokens/{kind}_trained"] = int(frame.num_tokens.sum())
         # every optimizer step's measures, x = the run's optimizer step (MLflow charts them per step)
         for row in frame.itertuples(index=False):

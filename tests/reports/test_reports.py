@@ -8,10 +8,14 @@ from pathlib import Path
 import matplotlib.image
 import nbformat
 import pandas as pd
+import pytest
 from mlflow.tracking import MlflowClient
 from nbclient import NotebookClient
 
+from rlanything import metric_names as names
 from rlanything.reports.iteration import (
+    CURVES,
+    HEADLINE,
     accepted_counts,
     adaptation_history,
     metric_history,
@@ -25,6 +29,25 @@ from rlanything.storage.layout import RunLayout
 
 REPO = Path(__file__).resolve().parents[2]
 VIEWS = ["curves.png", "tasks.png", "iteration.png", "summary.md", "samples.md"]
+
+
+def test_the_reports_read_the_mlflow_keys_the_steps_log():
+    # the names come from one table (rlanything.metric_names); the keys users chart stay as they were
+    read = {key for keys in CURVES.values() for key in keys} | set(HEADLINE)
+    assert read == {
+        *("accuracy", "mean_outcome", "samples/policy_kept", "samples/rm_kept"),
+        *(f"adapt/{k}" for k in ("proposed", "accepted", "rejected", "accepted_total")),
+        *(f"{kind}/{m}" for kind in ("policy", "rm") for m in ("loss", "kl", "clip_frac", "entropy", "grad_norm")),
+        *(f"{kind}/{m}" for kind in ("policy", "rm") for m in ("lr_last", "optimizer_steps")),
+        *(f"rm/{m}" for m in ("agreement", "outcome_accuracy", "outcome_auroc", "parse_rate", "process_accuracy")),
+        "rm/score_gap",
+        *(f"unit_tests/{m}" for m in ("correct_rate", "parse_rate", "verdict_agreement")),
+    }
+    assert CURVES["Losses"] == ["policy/loss", "rm/loss"] and names.step_time("rm_score") == "time/rm_score_s"
+    with pytest.raises(ValueError, match="no update metric"):
+        names.update_metric("policy", "kl_loss")  # a name no step writes fails where it is written
+    with pytest.raises(ValueError, match="no adaptation decision"):
+        names.adapt_metric("accept")
 
 
 def test_pick_trajectories_prefers_successes_then_one_per_task():
