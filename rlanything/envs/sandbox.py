@@ -415,7 +415,6 @@ def run_program(
     >>> run_program("print(int(input()) * 2)", "21\\n").stdout
     '42\\n'
     """
-    global _weak_in_flight
     rt = checked_runtime(limits)
     weak = rt.bwrap is None
     wall_s = limits.timeout_s if wall_s is None else wall_s
@@ -425,52 +424,20 @@ def run_program(
     try:
         contents = {"main.py": code, **(files or {})}
         if weak:
-            workdir = private / "work"
-            workdir.mkdir()
-            for name, text in contents.items():
-                (workdir / name).write_text(text)
-            if rt.uid is not None:
-                private.chmod(0o711)
-                for path in (workdir, *workdir.iterdir()):
-                    os.chown(path, rt.uid, rt.uid)
-            prefix, cwd, env = [], str(workdir), _clean_env(str(workdir), str(workdir))
+            prefix, cwd, env = _weak_workdir(private, contents, rt.uid)
         else:
             fds = {name: _memfile(text) for name, text in contents.items()}
             prefix, cwd, env = _bwrap_argv(rt.bwrap, rt.python, rt.prefix, limits, fds), "/", {}
         out_path, err_path = private / ".stdout", private / ".stderr"
-        nproc = limits.max_processes + (0 if weak else _BWRAP_PROCESSES)
-        nproc += 0 if rt.uid is not None else _own_process_count()
-        cpu_s = max(1, math.ceil(wall_s)) + 1
-        wrap = _wrappers((rt.setpriv, rt.prlimit), limits, cpu_s, nproc, rt.uid)
+        wrap = _limits_prefix(rt, limits, wall_s, weak)
         cmd = [*wrap, *prefix, rt.python, "-I", "-S", *(argv or ["main.py"])]
         start = time.monotonic()
-        with _weak_lock:
-            _weak_in_flight += weak
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.PIPE,
-                stdout=out,
-                stderr=err,
-                cwd=cwd,
-                env=env,
-                pass_fds=tuple(fds.values()),
-                start_new_session=True,
-            )
-            timed_out = False
-            try:
-                proc.communicate(stdin.encode(), timeout=wall_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                _stop(proc, weak)
-                with _weak_lock:
-                    _weak_in_flight -= weak
-                    if weak and rt.uid is not None and _weak_in_flight == 0:
-                        _kill_uid(rt.uid)
+        returncode, timed_out = _run_until_deadline(
+            cmd, stdin, cwd=cwd, env=env, fds=fds, wall_s=wall_s, weak=weak, uid=rt.uid, outputs=(out_path, err_path)
+        )
         RUNS["weak" if weak else "bubblewrap"] += 1
         return ProgramResult(
-            returncode=None if timed_out else proc.returncode,
+            returncode=None if timed_out else returncode,
             stdout=_read(out_path),
             stderr=_read(err_path),
             timed_out=timed_out,
@@ -482,6 +449,74 @@ def run_program(
         for fd in fds.values():
             os.close(fd)
         shutil.rmtree(private, ignore_errors=True)
+
+
+def _weak_workdir(private: Path, contents: dict[str, str], uid: int | None) -> tuple[list[str], str, dict[str, str]]:
+    """The weak mode's working folder, `private`/work holding `contents` (file name -> text);
+    as root, it and its files belong to the throw-away `uid`, which may pass through `private`
+    (o+x) but not list it. -> (command prefix: none, cwd, environment)."""
+    workdir = private / "work"
+    workdir.mkdir()
+    for name, text in contents.items():
+        (workdir / name).write_text(text)
+    if uid is not None:
+        private.chmod(0o711)
+        for path in (workdir, *workdir.iterdir()):
+            os.chown(path, uid, uid)
+    return [], str(workdir), _clean_env(str(workdir), str(workdir))
+
+
+def _limits_prefix(rt: Runtime, limits: Limits, wall_s: float, weak: bool) -> list[str]:
+    """The `_wrappers` of one run: RLIMIT_NPROC counts the code's processes, bwrap's own two,
+    and (when we keep our uid) every process we already run; CPU seconds cover the wall clock."""
+    nproc = limits.max_processes + (0 if weak else _BWRAP_PROCESSES)
+    nproc += 0 if rt.uid is not None else _own_process_count()
+    cpu_s = max(1, math.ceil(wall_s)) + 1
+    return _wrappers((rt.setpriv, rt.prlimit), limits, cpu_s, nproc, rt.uid)
+
+
+def _run_until_deadline(
+    cmd: list[str],
+    stdin: str,
+    *,
+    cwd: str,
+    env: dict[str, str],
+    fds: dict[str, int],
+    wall_s: float,
+    weak: bool,
+    uid: int | None,
+    outputs: tuple[Path, Path],
+) -> tuple[int | None, bool]:
+    """Start `cmd` in a new session (stdout and stderr to the `outputs` files, the `fds` passed
+    on), feed it `stdin` and wait up to `wall_s`; then `_stop` whatever still runs and, when the
+    last weak run of the throw-away `uid` ends, SIGKILL what that uid left. -> (returncode,
+    timed_out)."""
+    global _weak_in_flight
+    with _weak_lock:
+        _weak_in_flight += weak
+    with open(outputs[0], "wb") as out, open(outputs[1], "wb") as err:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=err,
+            cwd=cwd,
+            env=env,
+            pass_fds=tuple(fds.values()),
+            start_new_session=True,
+        )
+        timed_out = False
+        try:
+            proc.communicate(stdin.encode(), timeout=wall_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            _stop(proc, weak)
+            with _weak_lock:
+                _weak_in_flight -= weak
+                if weak and uid is not None and _weak_in_flight == 0:
+                    _kill_uid(uid)
+    return proc.returncode, timed_out
 
 
 # ---------------------------------------------------------------------------------------------
