@@ -255,24 +255,33 @@ def evaluate(
         _fail(str(err))
     except Exception as err:
         _fail(f"the evaluation stopped: {type(err).__name__}: {err}", EXIT_FAILED)
+    console.print(_eval_table(target, result["summary"]))
+    console.print(f"episodes, summary.md, eval.png: {result['out_dir']}   MLflow run {result['mlflow_run_id']}")
+
+
+EVAL_RM_COLUMNS = (  # where the RM judged the episodes (eval.rm): (header, summary key, format; None: percent)
+    ("RM judged", "rm_judged", "{:.0f}"),
+    ("RM outcome acc", "rm_outcome_accuracy", None),
+    ("RM AUROC", "rm_outcome_auroc", "{:.2f}"),
+    ("RM step acc", "rm_step_accuracy", None),
+    ("RM gap", "rm_score_gap", "{:+.2f}"),
+    ("RM parsed", "rm_parse_rate", None),
+)
+
+
+def _eval_table(target: str, summary: list[dict]) -> Table:
+    """`rlanything eval`'s table: one row per split of the summary, with the RM's columns when
+    the RM judged the episodes; a missing value (None) prints as n/a."""
     from rlanything.reports.eval import ci_text, pct
 
-    table = Table(title=f"rlanything eval: {target} (greedy, {result['summary'][0]['env_kind']})")
-    rm_columns = [  # where the RM judged the episodes (eval.rm): (header, summary key, format; None: percent)
-        ("RM judged", "rm_judged", "{:.0f}"),
-        ("RM outcome acc", "rm_outcome_accuracy", None),
-        ("RM AUROC", "rm_outcome_auroc", "{:.2f}"),
-        ("RM step acc", "rm_step_accuracy", None),
-        ("RM gap", "rm_score_gap", "{:+.2f}"),
-        ("RM parsed", "rm_parse_rate", None),
-    ]
-    rm_columns = rm_columns if "rm_outcome_accuracy" in result["summary"][0] else []
+    table = Table(title=f"rlanything eval: {target} (greedy, {summary[0]['env_kind']})")
+    rm_columns = EVAL_RM_COLUMNS if "rm_outcome_accuracy" in summary[0] else ()
     cell = lambda v, text: pct(v) if text is None else "n/a" if v != v else text.format(v)  # noqa: E731
     for column in ("split", "n", "accuracy [95% CI]", "strict (boxed)", "fallback", "format rate", "env errors"):
         table.add_column(column)
     for column, _, _ in rm_columns:
         table.add_column(column)
-    for row in result["summary"]:
+    for row in summary:
         row = {k: (float("nan") if v is None else v) for k, v in row.items()}
         table.add_row(
             row["split"],
@@ -284,8 +293,7 @@ def evaluate(
             str(int(row["env_errors"])),
             *(cell(row[key], text) for _, key, text in rm_columns),
         )
-    console.print(table)
-    console.print(f"episodes, summary.md, eval.png: {result['out_dir']}   MLflow run {result['mlflow_run_id']}")
+    return table
 
 
 @app.command("config", epilog="Example: rlanything config -c configs/tiny.yaml --set rm.verdict=free")
