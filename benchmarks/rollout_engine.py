@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import TokensFed, header, matmul_ceiling, params_of  # noqa: E402
 
 from rlanything.algo.losses import token_logprobs  # noqa: E402
-from rlanything.models.engine import PrefixCache, TransformersEngine, left_pad  # noqa: E402
+from rlanything.models.engine import TransformersEngine  # noqa: E402
+from rlanything.models.generation import PrefixCache, left_pad  # noqa: E402
 from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
 from rlanything.models.prompts import policy_messages, render  # noqa: E402
 

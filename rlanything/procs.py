@@ -107,11 +107,6 @@ def _tell(line: str) -> None:
             _watchdog = None
 
 
-def watchdog_pid() -> int | None:
-    """The watchdog's pid, once one runs (for tests)."""
-    return _watchdog.pid if _watchdog is not None else None
-
-
 def guard(pid: int, *, group: bool) -> None:
     """Kill `pid` (its whole process group when `group`) when this process ends, however it ends."""
     _tell(f"+{'g' if group else 'p'}{pid}")

@@ -122,6 +122,132 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
     assert found == expected
 
 
+# ---------------------------------------------------------------- no import cycle
+
+
+def _never_run(tree: ast.AST) -> set[int]:
+    """ids of the nodes under `if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): code that never runs."""
+    skip = set()
+    for node in ast.walk(tree):
+        test = getattr(node, "test", None)
+        if isinstance(node, ast.If) and getattr(test, "id", getattr(test, "attr", None)) == "TYPE_CHECKING":
+            skip.update(id(n) for child in node.body for n in ast.walk(child))
+    return skip
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Module -> the modules of `package` (a folder named rlanything) it imports when it runs,
+    at its top or inside a function.
+
+    A name resolves to the module that defines it: `from rlanything.models import packing` is an
+    edge to rlanything.models.packing, `from rlanything.models.engine import X` one to
+    rlanything.models.engine. Imports under `if TYPE_CHECKING:` are left out: they never run, so
+    they cannot make a circular import (and type checkers resolve such circles)."""
+    files = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skip = _never_run(tree)
+        names = []
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                names += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: against the importing module's package (itself, for an __init__)
+                    here = module.split(".")[: None if path.name == "__init__.py" else -1]
+                    base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+                names += [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+        graph[module] = set()
+        for name in names:
+            while name and name not in files:  # rlanything.models.engine.X -> rlanything.models.engine
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                graph[module].add(name)
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle [a, b, ..., a] through each group of modules that import one another, directly
+    or through others (a strongly connected component, Tarjan); [] when there is none."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in order:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], order[other])
+        if low[module] == order[module]:
+            group = set()
+            while module not in group:
+                group.add(stack.pop())
+            if len(group) > 1:
+                groups.append(group)
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    cycles = []
+    for group in groups:  # the shortest way from the group's first module back to it (breadth first)
+        start = min(group)
+        came_from, frontier = {}, [start]
+        while start not in came_from:
+            reached = []
+            for module in frontier:
+                for other in sorted(graph[module] & group):
+                    if other not in came_from:
+                        came_from[other] = module
+                        reached.append(other)
+            frontier = reached
+        cycle = [start, came_from[start]]
+        while cycle[-1] != start:
+            cycle.append(came_from[cycle[-1]])
+        cycles.append(cycle[::-1])
+    return sorted(cycles)
+
+
+def test_no_module_imports_itself_through_others():
+    cycles = import_cycles(import_graph(PACKAGE))
+    assert cycles == [], "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_the_cycle_finder_finds_every_circle_and_only_those(tmp_path):
+    package = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "models/__init__.py": "",
+            "models/a.py": "from rlanything.models import b\n",
+            "models/b.py": "def f():\n    from rlanything.models.a import x\n",  # inside a function: it runs too
+            "models/c.py": "import rlanything.models.a\n",  # into a circle, not in one
+            "models/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rlanything.models.e import E\n",
+            "models/e.py": "from . import d\n",  # d imports e only for type checkers: no circle
+            "algo/__init__.py": "",
+            "algo/x.py": "from .y import f\n",
+            "algo/y.py": "from rlanything.algo import z\n",
+            "algo/z.py": "import rlanything.algo.x\n",
+        },
+    )
+    graph = import_graph(package)
+    assert graph["rlanything.models.b"] == {"rlanything.models.a"} and graph["rlanything.models.d"] == set()
+    assert import_cycles(graph) == [
+        ["rlanything.algo.x", "rlanything.algo.y", "rlanything.algo.z", "rlanything.algo.x"],
+        ["rlanything.models.a", "rlanything.models.b", "rlanything.models.a"],
+    ]
+
+
 # ---------------------------------------------------------------- importing sets no environment variable
 
 LIBRARY_MODULES = [
@@ -134,7 +260,7 @@ LIBRARY_MODULES = [
     "rlanything.agent.rollout",
     "rlanything.algo.samples",
     "rlanything.storage.artifacts",
-    "rlanything.models.task_adaptation",
+    "rlanything.models.adapt_tasks",
     "rlanything.reports.iteration",
 ]
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from rlanything.algo.rm_accuracy import outcome_prediction
 from rlanything.envs import env_class
-from rlanything.models.engine import make_engine
+from rlanything.models.engine_factory import make_engine
 from rlanything.models.judge import judge_steps
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed

@@ -26,7 +26,7 @@ from rlanything.agent.rollout import play
 from rlanything.algo.parsing import FALLBACKS
 from rlanything.envs.base import Environment, make_env, replayable
 from rlanything.envs.heldout import drop_trained, heldout_specs
-from rlanything.models.engine import GenerationEngine
+from rlanything.models.generation import GenerationEngine
 
 
 class ScoredEnv:

@@ -44,9 +44,10 @@ import torch
 
 from rlanything import procs
 from rlanything.algo.schedule import learning_rate
-from rlanything.models.loading import resolve_device
+from rlanything.models.loading import ADAPTER_DIR, resolve_device
 from rlanything.models.lora import load_for_training
-from rlanything.models.trainer import OPTIMIZER_STATE, Sample, TorchBackend, make_optimizer, ppo_update, save_checkpoint
+from rlanything.models.saving import OPTIMIZER_STATE, save_checkpoint
+from rlanything.models.trainer import Sample, TorchBackend, make_optimizer, ppo_update
 
 DEEPSPEED_STATE = "deepspeed_state"
 
@@ -129,7 +130,7 @@ def _lora(job: UpdateJob):
 def _optimizer_state(job: UpdateJob) -> Path | None:
     """optimizer.pt of `start` if it matches what we train (adapter moments vs all weights)."""
     start = Path(job.start)
-    has_adapter = (start / "adapter" / "adapter_config.json").is_file()
+    has_adapter = (start / ADAPTER_DIR / "adapter_config.json").is_file()
     return start / OPTIMIZER_STATE if has_adapter == _lora(job).enabled else None
 
 

@@ -1,19 +1,18 @@
-"""Generation engines: batched sampling that returns token ids and per-token log-probs.
+"""The transformers engine: batched `model.generate` that returns token ids and per-token log-probs.
 
-`GenerationEngine` is the seam: `TransformersEngine` here, `VllmEngine` (models/vllm_engine.py)
-over a vLLM server; `make_engine` picks one from a config section. Log-probs are those of the
-temperature-scaled distribution (log_softmax(logits / T)), without top-p truncation, computed
-from the same forward pass that sampled the token; the trainer computes new log-probs the same
-way (`response_logprobs`), so PPO ratios compare like with like (measured here: same precision,
-same code path). Generation checks for a stop request (`rlanything.stopping`) before each batch
-and at every decoding step, scoring before each batch: Ctrl-C ends a step within one forward.
+`TransformersEngine` implements `GenerationEngine` (models/generation.py), as `VllmEngine`
+(models/vllm_engine.py) does over a vLLM server; `make_engine` (models/engine_factory.py) picks
+one from a config section. Log-probs are those of the temperature-scaled distribution
+(log_softmax(logits / T)), without top-p truncation, computed from the same forward pass that
+sampled the token; the trainer computes new log-probs the same way (`response_logprobs`), so PPO
+ratios compare like with like (measured here: same precision, same code path). Generation checks
+for a stop request (`rlanything.stopping`) before each batch and at every decoding step, scoring
+before each batch: Ctrl-C ends a step within one forward.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList
@@ -21,92 +20,8 @@ from transformers.cache_utils import DynamicLayer
 
 from rlanything import stopping
 from rlanything.algo.losses import token_logprobs
+from rlanything.models.generation import Generation, PrefixCache, eos_ids, finish, left_pad
 from rlanything.models.packing import PrefixTree, pack, packed_response_logprobs, tree_inputs
-
-
-@dataclass
-class Generation:
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str  # "stop" (hit EOS) | "length" (hit max_new_tokens) | an engine's own reason ("abort")
-
-
-@dataclass
-class PrefixCache:
-    """The KV cache of the rows a multi-turn caller generated in its last call, kept for the next.
-
-    Turn t's prompt is turn t-1's prompt + the reply + the new observation, so its longest
-    common prefix with a kept row (prompt + generated tokens) needs no prefill: prefill per
-    turn grows with the new tokens, not with the whole history. Within one call, a batch also
-    reuses the rows of the call's earlier batches (batches run shortest prompts first: the RM's
-    judgment of step k+1 repeats the history it judged at step k). The KV is only valid for the
-    weights that computed it: a caller owns one for one rollout (`rollout.play`) or one set of
-    judgments (`judge.judge_steps`: the constrained verdict scores prompt + reasoning again)
-    and never keeps it across an update. The engine keeps rows up to its byte budget (memory on
-    the model's device); rows past it are prefilled again. Engines without such a cache ignore
-    it (vLLM caches prefixes itself).
-    rows: (tokens, keys (layers, kv_heads, n, head_dim), values) per kept row;
-    prompt_tokens, reused_tokens: of the prompts generated with this cache so far, all their
-    tokens and those whose KV came from a kept row (the rollout and rm_score metrics)."""
-
-    rows: list[tuple[list[int], torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    prompt_tokens: int = 0
-    reused_tokens: int = 0
-
-    def match(self, prompts: list[list[int]]) -> list[tuple[int, int]]:
-        """-> (kept row, reusable tokens) per prompt: the kept row with the longest common
-        prefix, capped at len(prompt) - 1 so generate still has a token to feed."""
-        if not self.rows:
-            return [(0, 0)] * len(prompts)
-        kept, _ = left_pad([t[::-1] for t, _, _ in self.rows], -1)  # right-padded with -1
-        new, _ = left_pad([p[::-1] for p in prompts], -2)
-        kept, new = kept.flip(-1), new.flip(-1)
-        width = min(kept.shape[1], new.shape[1])
-        chunk = max(1, 2**24 // (len(self.rows) * (width + 1)))  # bounds the (chunk, rows, width) comparison
-        found = []
-        for start in range(0, len(prompts), chunk):
-            equal = new[start : start + chunk, None, :width] == kept[None, :, :width]
-            mismatch = torch.cat([~equal, equal.new_ones(equal.shape[:2] + (1,))], -1)
-            found.append(mismatch.to(torch.uint8).argmax(-1))  # first mismatch = common prefix length
-        common = torch.cat(found)  # (N, rows)
-        length, row = common.max(dim=1)
-        return [(int(r), min(int(k), len(p) - 1)) for r, k, p in zip(row, length, prompts)]
-
-
-class GenerationEngine(Protocol):
-    def generate(
-        self,
-        prompts: list[list[int]],
-        *,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        seed: int,
-        prefix_cache: PrefixCache | None = None,
-    ) -> list[Generation]: ...
-
-    def score(
-        self,
-        prompts: list[list[int]],
-        continuations: list[list[int]],
-        *,
-        temperature: float,
-        prefix_cache: PrefixCache | None = None,
-    ) -> list[list[float]]:
-        """Teacher-forced log-probs of each continuation after its prompt."""
-        ...
-
-
-def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> input_ids (B, L), attention_mask (B, L); left padding keeps sequence ends aligned."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s) :] = 1
-    return ids, mask
 
 
 def positions(attn: torch.Tensor) -> torch.Tensor:
@@ -387,57 +302,3 @@ class TransformersEngine:
             for row, i in enumerate(idx):
                 out[i] = logprobs[row, logprobs.shape[1] - lens[row] :].tolist()
         return out
-
-
-def eos_ids(generation_eos: int | list[int] | None, tokenizer) -> list[int]:
-    """The ids that end a generation: a generation config's `eos_token_id` (one id, a list or
-    None) plus the tokenizer's, sorted."""
-    eos = generation_eos if isinstance(generation_eos, list) else [] if generation_eos is None else [generation_eos]
-    return sorted(set(eos) | {tokenizer.eos_token_id})
-
-
-def eos_ids_of(model_dir, tokenizer) -> list[int]:
-    """`eos_ids` of a model folder (its generation_config.json, if any), without loading the model."""
-    try:
-        eos = GenerationConfig.from_pretrained(model_dir, local_files_only=True).eos_token_id
-    except OSError:  # no generation_config.json
-        eos = None
-    return eos_ids(eos, tokenizer)
-
-
-def finish(
-    tokens: list[int], logprobs: list[float], eos: list[int], tokenizer, reason: str | None = None
-) -> Generation:
-    """A `Generation` from sampled tokens, cut after the first EOS id (kept, it ends the turn).
-
-    finish_reason is "stop" when an EOS id ended it; otherwise the engine's own `reason` if it
-    gave one (vLLM's "stop", "length" or "abort"), else "length" (max_new_tokens reached)."""
-    end = next((k for k, t in enumerate(tokens) if t in eos), None)
-    keep = len(tokens) if end is None else end + 1
-    text = tokenizer.decode(tokens[:keep], skip_special_tokens=True)
-    return Generation(tokens[:keep], logprobs[:keep], text, "stop" if end is not None else reason or "length")
-
-
-def make_engine(section, role: str, model_dir, on_batch: Callable[[int], None] | None = None, log_path=None):
-    """The engine a model section (policy, rm, env_model: engine, device, dtype, batch_size,
-    kv_reuse_gb, vllm) names, serving the weights in `model_dir` -> (engine, tokenizer). `role`
-    keys the process-wide vLLM server ("policy", "rm", "env")."""
-    from rlanything.models.loading import load_model, load_tokenizer
-
-    tokenizer = load_tokenizer(model_dir)
-    if section.engine == "transformers":
-        model = load_model(model_dir, section.dtype, section.device)
-        engine = TransformersEngine(
-            model,
-            tokenizer,
-            section.batch_size,
-            on_batch,
-            weights=str(model_dir),
-            keep_bytes=section.kv_reuse_gb * 2**30,
-        )
-        return engine, tokenizer
-    from rlanything.models.vllm_engine import VllmEngine, shared_server
-
-    server = shared_server(role, section.vllm, model_dir, section.dtype, log_path)
-    engine = VllmEngine(server, tokenizer, eos_ids_of(model_dir, tokenizer), section.vllm.concurrency, on_batch)
-    return engine, tokenizer

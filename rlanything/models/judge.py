@@ -17,7 +17,7 @@ import random
 from typing import Any
 
 from rlanything.algo.parsing import extract_last_boxed, parse_step_score
-from rlanything.models.engine import GenerationEngine, PrefixCache
+from rlanything.models.generation import GenerationEngine, PrefixCache
 from rlanything.models.prompts import judge_messages, render, unit_test_messages
 
 

@@ -16,6 +16,9 @@ two builtins that need no download at all:
 * ``builtin:tiny-random`` -- a random-init Llama with the SmolLM2 tokenizer,
   small enough for tests; deterministic for a seed.
 
+Checkpoints the trainer writes (`models.saving.save_checkpoint`) load the same way, a LoRA
+checkpoint saved as its adapter alone (`lora.save: adapter`) merged into its base in memory.
+
 Cached folders are built in a temporary directory beside their target and
 renamed into place with ``os.replace``, so a folder that exists is complete.
 If two processes build the same folder at once, the first rename wins and the
@@ -25,14 +28,12 @@ loser discards its copy.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
-import sys
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from unittest import mock
 from urllib.parse import parse_qsl, urlsplit
 
 from rlanything.paths import cache_dir
@@ -245,8 +246,6 @@ def load_model(path: Path, dtype: str = "float32", device: str = "cpu"):
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
     _check_model_dir(Path(path))
-    from rlanything.models.lora import is_adapter_only, load_merged
-
     placed = resolve_device(device)
     if is_adapter_only(Path(path)):  # a LoRA checkpoint saved with `lora.save: adapter`
         return load_merged(Path(path), dtype).to(placed)
@@ -254,57 +253,27 @@ def load_model(path: Path, dtype: str = "float32", device: str = "cpu"):
     return model.to(placed).eval()
 
 
-def tensor_bytes(state: dict) -> int:
-    """Bytes of the distinct tensors in a (possibly nested) state dict: what saving it writes,
-    give or take headers (tied weights are counted once)."""
-    import torch
+# ---------------------------------------------------------------- LoRA checkpoints (models/lora.py)
 
-    seen, total, stack = set(), 0, [state]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            key = (item.untyped_storage().data_ptr(), item.storage_offset(), item.numel()) if item.numel() else id(item)
-            if key not in seen:
-                seen.add(key)
-                total += item.numel() * item.element_size()
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return total
+ADAPTER_DIR = "adapter"  # a LoRA checkpoint's adapter (peft format) inside its folder
 
 
-def write_model_files(model, tokenizer, folder: Path, state_dict=None) -> None:
-    """Model (safetensors) + tokenizer into an existing folder. ``state_dict`` replaces the
-    model's own weights (DeepSpeed ZeRO-3 gathers them into one)."""
-    with _deepspeed_left_alone():
-        model.save_pretrained(folder, safe_serialization=True, state_dict=state_dict)
-    tokenizer.save_pretrained(folder)
+def is_adapter_only(path: Path) -> bool:
+    """A checkpoint saved with `lora.save: adapter`: an adapter and no full weights."""
+    path = Path(path)
+    has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
+    return (path / ADAPTER_DIR / "adapter_config.json").is_file() and not has_weights
 
 
-@contextmanager
-def _deepspeed_left_alone() -> Iterator[None]:
-    """``save_pretrained`` unwraps the model through accelerate, which imports DeepSpeed whenever
-    it is installed only to test ``isinstance(model, DeepSpeedEngine)``: seconds of imports and
-    DeepSpeed's "Setting accelerator to CPU" warning in every run of the torch backend. No model
-    saved here is a DeepSpeedEngine (the ZeRO path unwraps it first), so while DeepSpeed is not
-    imported yet, accelerate is told it is not there; once a ZeRO run imported it, nothing changes."""
-    if "deepspeed" in sys.modules:
-        yield
-        return
-    import accelerate.utils.other
-
-    with mock.patch.object(accelerate.utils.other, "is_deepspeed_available", lambda: False):
-        yield
+def adapter_base(path: Path) -> Path:
+    """The base folder an adapter checkpoint was trained on (from its adapter_config.json)."""
+    config = json.loads((Path(path) / ADAPTER_DIR / "adapter_config.json").read_text())
+    return Path(config["base_model_name_or_path"])
 
 
-def save_model(model, tokenizer, out_dir: Path, state_dict=None) -> None:
-    """Save model + tokenizer as an HF safetensors folder, replacing ``out_dir``.
+def load_merged(path: Path, dtype: str):
+    """An adapter-only checkpoint as a plain model: base + adapter, merged in memory."""
+    import peft
 
-    The new folder is complete before it appears (``storage.checkpoints.write_folder``); a full
-    disk leaves nothing behind and raises ``CheckpointWriteError``.
-    """
-    from rlanything.storage.checkpoints import write_folder
-
-    weights = tensor_bytes(state_dict if state_dict is not None else model.state_dict())
-    write_folder(Path(out_dir), lambda folder: write_model_files(model, tokenizer, folder, state_dict), weights)
+    base = load_model(adapter_base(path), dtype)
+    return peft.PeftModel.from_pretrained(base, Path(path) / ADAPTER_DIR).merge_and_unload().eval()

@@ -86,7 +86,7 @@ class TorchBackend:
 
 def make_optimizer(model, lr: float, weight_decay: float, state_path: Path | None = None) -> torch.optim.AdamW:
     """AdamW over the trainable weights (all, or LoRA adapters only), resuming its moments
-    from `state_path` when that file exists."""
+    from `state_path` when that file exists (a checkpoint's `saving.OPTIMIZER_STATE`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     # The fused kernel updates each tensor in one pass over its memory; the default multi-tensor
     # path makes ~10 passes. On 2 CPU cores a SmolLM2 step took 2.4 s vs 0.4 s fused, a third
@@ -99,34 +99,6 @@ def make_optimizer(model, lr: float, weight_decay: float, state_path: Path | Non
             group["lr"], group["weight_decay"] = lr, weight_decay
             group["fused"], group["foreach"] = fused or None, None  # a saved state brings its own flags
     return optimizer
-
-
-OPTIMIZER_STATE = "optimizer.pt"  # AdamW's moments in a checkpoint folder, read back by make_optimizer
-
-
-def save_checkpoint(model, tokenizer, optimizer, out_dir: Path, lora_save: str | None = None, state_dict=None) -> None:
-    """One checkpoint folder, replacing `out_dir` whole or not at all (a full disk raises
-    `storage.checkpoints.CheckpointWriteError` and leaves nothing behind): the HF weights and
-    tokenizer (`state_dict` replaces the model's own, as DeepSpeed ZeRO-3 gathers them), or with
-    `lora_save` ("merged" / "adapter") the LoRA folder of `models.lora`, plus `optimizer.pt`
-    for resuming AdamW's moments (skipped when `optimizer` is None: DeepSpeed keeps its own)."""
-    from rlanything.models.loading import tensor_bytes, write_model_files
-    from rlanything.models.lora import lora_bytes, write_lora_files
-    from rlanything.storage.checkpoints import write_folder
-
-    def write(folder: Path) -> None:
-        if optimizer is not None:  # first: merging LoRA adapters changes the model in place
-            torch.save(optimizer.state_dict(), folder / OPTIMIZER_STATE)
-        if lora_save is not None:
-            write_lora_files(model, tokenizer, folder, lora_save)
-        else:
-            write_model_files(model, tokenizer, folder, state_dict)
-
-    if lora_save is not None:
-        weights = lora_bytes(model, lora_save)
-    else:
-        weights = tensor_bytes(state_dict if state_dict is not None else model.state_dict())
-    write_folder(Path(out_dir), write, weights + (tensor_bytes(optimizer.state_dict()) if optimizer is not None else 0))
 
 
 def ppo_update(

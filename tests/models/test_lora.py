@@ -8,8 +8,8 @@ import torch
 from rlanything.config import ConfigError, LoraConfig, build_config
 from rlanything.models.distributed import UpdateJob, run_update
 from rlanything.models.engine import TransformersEngine, response_logprobs
-from rlanything.models.loading import load_model
-from rlanything.models.lora import add_adapters, is_adapter_only, load_for_training
+from rlanything.models.loading import is_adapter_only, load_model
+from rlanything.models.lora import add_adapters, load_for_training
 from rlanything.models.prompts import policy_messages, render
 from rlanything.models.trainer import Sample, make_optimizer, ppo_update
 

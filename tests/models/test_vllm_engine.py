@@ -16,9 +16,11 @@ import torch
 
 from rlanything.config import ConfigError, VllmConfig, build_config
 from rlanything.models.engine import TransformersEngine
-from rlanything.models.loading import load_model, load_tokenizer, save_model, tiny_model_dir
+from rlanything.models.loading import load_model, load_tokenizer, tiny_model_dir
 from rlanything.models.prompts import policy_messages, render
+from rlanything.models.saving import save_checkpoint
 from rlanything.models.vllm_engine import VllmEngine, VllmServer
+from rlanything.seeding import slot_seed
 
 VLLM_PYTHON = os.environ.get("RLANYTHING_VLLM_PYTHON", "")
 needs_vllm = pytest.mark.skipif(
@@ -74,6 +76,43 @@ def test_vllm_config_validation():
     )
     with pytest.raises(ConfigError, match="temperature"):
         build_config({"rm": {"engine": "vllm", "verdict": "constrained", "temperature": 0.8}})
+
+
+class _Http:
+    """A stand-in for the server's HTTP client: records the requests, answers or fails."""
+
+    def __init__(self, fail: Exception | None = None):
+        self.fail, self.bodies = fail, []
+
+    def post(self, url, json=None):
+        if self.fail is not None:
+            raise self.fail
+        self.bodies.append(json)
+        choice = {"token_ids": [5], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "length"}
+        return type("Response", (), {"status_code": 200, "json": lambda self: {"choices": [choice]}})()
+
+
+def test_a_failed_inplace_reload_says_why_before_it_restarts(tmp_path, caplog):
+    server = VllmServer.__new__(VllmServer)  # no process: the reload path alone
+    server.config = VllmConfig(reload="inplace")
+    server.model_dir, server.process = tmp_path / "iter_0000", object()  # a server we launched
+    server.http = _Http(fail=ConnectionError("collective_rpc refused"))
+    restarted = []
+    server._restart = restarted.append
+    with caplog.at_level("WARNING", logger="rlanything.models.vllm_engine"):
+        server.load(tmp_path / "iter_0001")
+    assert restarted == [(tmp_path / "iter_0001").resolve()]
+    assert "collective_rpc refused" in caplog.text and "restarting" in caplog.text
+
+
+def test_each_request_has_the_slot_seed_of_its_prompt(tiny_tokenizer):
+    server = VllmServer.__new__(VllmServer)
+    server.http = _Http()
+    engine = VllmEngine(server, tiny_tokenizer, [tiny_tokenizer.eos_token_id], concurrency=1)
+    engine.generate([[1, 2], [3], [4]], max_new_tokens=1, temperature=1.0, top_p=1.0, seed=7)
+    assert (
+        [body["seed"] for body in server.http.bodies] == [slot_seed(7, i) for i in range(3)] == [700021, 700022, 700023]
+    )
 
 
 # -- against a real server ----------------------------------------------------------------------
@@ -153,7 +192,7 @@ def test_vllm_serves_new_weights_after_load(engines, tmp_path, reload):
     with torch.no_grad():
         for param in model.parameters():
             param.mul_(1.5)  # a clearly different model of the same architecture
-    save_model(model, reference.tokenizer, tmp_path / "iter_0000")
+    save_checkpoint(model, reference.tokenizer, None, tmp_path / "iter_0000")
     ps = prompts(reference.tokenizer, 2)
     before = vllm.generate(ps, max_new_tokens=6, temperature=1.0, top_p=1.0, seed=1)
     vllm.server.load(tmp_path / "iter_0000")
@@ -169,7 +208,7 @@ def test_vllm_serves_new_weights_after_load(engines, tmp_path, reload):
 
 def test_make_engine_picks_the_configured_engine(tiny_model_path):
     from rlanything.config import PolicyConfig
-    from rlanything.models.engine import make_engine
+    from rlanything.models.engine_factory import make_engine
 
     engine, tokenizer = make_engine(PolicyConfig(model="builtin:tiny-random", batch_size=3), "policy", tiny_model_path)
     assert isinstance(engine, TransformersEngine) and engine.batch_size == 3

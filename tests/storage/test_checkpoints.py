@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlanything.models.loading import load_model, load_tokenizer, save_model, tensor_bytes
-from rlanything.models.trainer import make_optimizer, save_checkpoint
+from rlanything.models.loading import load_model, load_tokenizer
+from rlanything.models.saving import save_checkpoint, tensor_bytes
+from rlanything.models.trainer import make_optimizer
 from rlanything.storage.checkpoints import CheckpointWriteError, folder_bytes, prune, write_folder
 from rlanything.storage.layout import RunLayout
 
@@ -78,7 +79,7 @@ def test_a_disk_that_fills_during_the_write_leaves_nothing_half_written(tiny_mod
         target = disk / "iter_0003"
         write_folder(target, lambda f: (f / "config.json").write_text("{}"))  # an earlier version
         with pytest.raises(CheckpointWriteError, match=rf"cannot write checkpoint {target}: it needs about") as err:
-            save_model(model, tokenizer, target)
+            save_checkpoint(model, tokenizer, None, target)
         assert "were written before it failed and have been removed" in str(err.value)
         assert entries(disk) == ["iter_0003"] and entries(target) == ["config.json"]
         assert folder_bytes(disk) == 2

@@ -4,7 +4,7 @@ advantages rows, metrics and what the critic summary reads."""
 import numpy as np
 import pandas as pd
 
-from rlanything.models.adaptation import extractive_summary, failed_steps
+from rlanything.models.rewriters import extractive_summary, failed_steps
 from rlanything.tasks.unit_tests import failed_test_judgments, solutions, unit_test_advantage_rows, unit_test_metrics
 
 

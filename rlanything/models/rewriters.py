@@ -1,4 +1,5 @@
-"""The environment model's two jobs in task adaptation: the critic summary and the rewrite.
+"""What step 7's rewriters write: the critic summary of a task's failures, and the task's rewrite.
+Which tasks are rewritten and which rewrites are kept is decided in models/adapt_tasks.py.
 
 Critic summary (docs/method.md): for each failed trajectory, the steps that all m judgments
 scored −1, with the RM's reasoning there. `extractive_summary` lists them verbatim (short);
@@ -7,15 +8,16 @@ the environment model can instead summarise them in a few sentences.
 Rewriting: the environment model gets the task as the policy saw it, the environment's own
 rewrite instructions (what may change, the answer format), the direction and the critic
 summary, and answers; the environment parses and validates the answer (`parse_rewrite`,
-`validate_spec`). `RuleRewriter` writes the environment's deterministic rewrite in the same
-format, for runs whose model cannot yet follow the format (our addition, `adapt.rewriter: rule`).
+`validate_spec`). `ModelRewriter` is the environment model doing both jobs; `RuleRewriter`
+writes the environment's deterministic rewrite in the same format, for runs whose model cannot
+yet follow the format (our addition, `adapt.rewriter: rule`).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from rlanything.models.engine import GenerationEngine
+from rlanything.models.generation import GenerationEngine
 from rlanything.models.prompts import render
 
 SNIPPET = 240  # characters of one RM reasoning kept in an extractive summary

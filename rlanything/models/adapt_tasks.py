@@ -1,11 +1,12 @@
-"""Step 7's domain logic: forge the environment (task adaptation).
+"""Step 7 (adapt_tasks), its decisions: which tasks are rewritten and which rewrites are kept.
 
 First the pending rewrites rolled out this iteration are accepted or rejected by the
 acceptance rule (`algo.curriculum.judge_rewrite`). Then every regular task whose accuracy left
 (α_low, α_high) and whose slot has no pending rewrite gets a critic summary and up to
 `adapt.attempts` rewrites from the environment model; the first that the environment parses
 and validates becomes the slot's pending version for the next iteration. Every decision,
-including invalid attempts and their reasons, is one adaptation row.
+including invalid attempts and their reasons, is one adaptation row. The critic summaries and
+rewrites themselves are written by models/rewriters.py.
 
 Library code: the adapt_tasks task reads the iteration's Parquet files, calls `adapt`, and
 writes adaptation.parquet and the next task-buffer snapshot. The environment class is passed
@@ -19,9 +20,9 @@ import json
 import pandas as pd
 
 from rlanything.algo.curriculum import adaptation_direction, judge_rewrite, task_accuracy
-from rlanything.models.adaptation import ModelRewriter, RuleRewriter, extractive_summary, failed_steps
-from rlanything.models.engine import make_engine
+from rlanything.models.engine_factory import make_engine
 from rlanything.models.loading import resolve_model_path
+from rlanything.models.rewriters import ModelRewriter, RuleRewriter, extractive_summary, failed_steps
 from rlanything.seeding import derive_seed
 from rlanything.storage.buffer import add_pending, settle_pending
 

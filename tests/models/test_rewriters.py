@@ -4,10 +4,10 @@ import pandas as pd
 
 from rlanything.config import build_config
 from rlanything.envs.reasoning import ReasoningGymEnv
-from rlanything.models.adaptation import ModelRewriter, RuleRewriter, extractive_summary, failed_steps
+from rlanything.models.adapt_tasks import first_valid
 from rlanything.models.engine import TransformersEngine
 from rlanything.models.loading import load_model
-from rlanything.models.task_adaptation import first_valid
+from rlanything.models.rewriters import ModelRewriter, RuleRewriter, extractive_summary, failed_steps
 
 ENV = build_config({}).env
 SPEC = {

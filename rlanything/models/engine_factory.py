@@ -1,0 +1,34 @@
+"""The engine a model section names: `make_engine` builds a `TransformersEngine`
+(models/engine.py) or a `VllmEngine` (models/vllm_engine.py), both `GenerationEngine`s
+(models/generation.py). Kept apart from both engines so that neither imports the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlanything.models.engine import TransformersEngine
+from rlanything.models.generation import eos_ids_of
+from rlanything.models.loading import load_model, load_tokenizer
+from rlanything.models.vllm_engine import VllmEngine, shared_server
+
+
+def make_engine(section, role: str, model_dir, on_batch: Callable[[int], None] | None = None, log_path=None):
+    """The engine a model section (policy, rm, env_model: engine, device, dtype, batch_size,
+    kv_reuse_gb, vllm) names, serving the weights in `model_dir` -> (engine, tokenizer). `role`
+    keys the process-wide vLLM server ("policy", "rm", "env")."""
+    tokenizer = load_tokenizer(model_dir)
+    if section.engine == "transformers":
+        model = load_model(model_dir, section.dtype, section.device)
+        engine = TransformersEngine(
+            model,
+            tokenizer,
+            section.batch_size,
+            on_batch,
+            weights=str(model_dir),
+            keep_bytes=section.kv_reuse_gb * 2**30,
+        )
+        return engine, tokenizer
+    server = shared_server(role, section.vllm, model_dir, section.dtype, log_path)
+    engine = VllmEngine(server, tokenizer, eos_ids_of(model_dir, tokenizer), section.vllm.concurrency, on_batch)
+    return engine, tokenizer
