@@ -355,3 +355,40 @@ def wait_for_run(name: str, command: Command, timeout: float = 300):
             pass
         assert command.proc.poll() is None and time.monotonic() < deadline, command.output()[-3000:]
         time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_an_ablation_then_the_same_command_finishes_it(tmp_path, small_overrides, prefect_api_url):
+    """`rlanything experiment ablation` stopped by SIGINT in its arm's rollout: the experiment
+    flow, the arm's training flow and the step are Cancelled, the parent MLflow run and the
+    arm's run KILLED, the line names the command to run again; the same command then finishes
+    the experiment (the arm resumes, the comparison is written, both MLflow runs FINISHED)."""
+    from mlflow.tracking import MlflowClient
+
+    sets = [a for o in [f"run.root={tmp_path}", "eval.problems=2", *small_overrides] for a in ("--set", o)]
+    args = ["experiment", "ablation", "-c", TINY, "--seeds", "1", "-n", "1", "--name", "abl", "--arms", "policy-only"]
+    args += sets
+    command = Command(args, prefect_api_url, fault="sigint:rollout@0")
+    assert_stopped(command, signal.SIGINT, "rlanything " + " ".join(args))
+    run_dir = tmp_path / "abl-policy-only-s0"
+    assert latest_flow_run("rlanything-experiment").state.name == "Cancelled"
+    assert latest_flow_run("rlanything-train").state.name == "Cancelled"
+    assert step_states(run_dir, 0, {"rollout": "Cancelled"}) == {"rollout": "Cancelled"}
+    parent_status = lambda: next(  # noqa: E731
+        r.info.status
+        for r in MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_runs(
+            [e.experiment_id for e in MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()]
+        )
+        if r.info.run_name == "ablation abl"
+    )
+    assert parent_status() == "KILLED" and mlflow_status(run_dir) == "KILLED"
+    assert not (tmp_path / "experiments" / "abl" / "comparison.md").exists()
+    assert temp_files(tmp_path) == []
+
+    again = Command(args, prefect_api_url)
+    again.wait_for(r"comparison, figures:", timeout=600)
+    assert again.proc.wait(timeout=60) == 0, again.output()[-3000:]
+    again.reader.join(timeout=30)
+    assert "| policy only" in (tmp_path / "experiments" / "abl" / "comparison.md").read_text()
+    assert parent_status() == "FINISHED" and mlflow_status(run_dir) == "FINISHED"
+    assert RunLayout(run_dir).iteration_done(0).exists()
