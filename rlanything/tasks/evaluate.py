@@ -15,6 +15,7 @@ from rlanything.agent.eval_judge import judge_split, merge_judgments, rm_measure
 from rlanything.agent.evaluate import heldout_problems, play_greedy_steps
 from rlanything.algo.metrics import success_summary
 from rlanything.config import load_config
+from rlanything.envs.heldout import SPLITS
 from rlanything.models.engine_factory import make_engine
 from rlanything.reports.eval import RM_MEASURES, plot_splits, summary_markdown
 from rlanything.storage.buffer import read_buffer
@@ -75,6 +76,15 @@ def evaluate_split(
     return result
 
 
+def _other_splits(path: Path, schema, evaluated: set[str]) -> pd.DataFrame:
+    """The rows of an earlier evaluation's file (episodes or judgments) whose split is not
+    evaluated again now: kept beside the new ones."""
+    if not path.exists():
+        return pd.DataFrame(columns=schema.names)
+    frame = read_table(path, schema)
+    return frame[~frame.split.isin(evaluated)]
+
+
 @task(name="eval-report")
 @noting_stops
 def eval_report(
@@ -83,10 +93,17 @@ def eval_report(
     """The splits' episodes (and, where the RM judged them, their judgments) -> episodes.parquet,
     judgments.parquet, summary.md, eval.png; the split rows of summary.json and the metrics
     `eval/<split>/<measure>` (accuracy, ci_low, ci_high, strict_accuracy, fallback_accuracy,
-    format_rate, n, env_errors, and the RM's `RM_MEASURES`). Without judgments (eval.rm off, no
-    judging RM) an earlier judgments.parquet is removed."""
+    format_rate, n, env_errors, and the RM's `RM_MEASURES`). An earlier evaluation of the same
+    weights keeps its other splits (evaluating `ood` after `in_domain` adds to the files, it does
+    not replace them); without judgments now or kept (eval.rm off, no judging RM) an earlier
+    judgments.parquet is removed."""
     out = Path(out_dir)
-    episodes = pd.concat([read_table(Path(p), EVAL_EPISODES) for p in split_paths], ignore_index=True)
+    new = pd.concat([read_table(Path(p), EVAL_EPISODES) for p in split_paths], ignore_index=True)
+    evaluated = set(new.split)
+    kept = _other_splits(out / "episodes.parquet", EVAL_EPISODES, evaluated)
+    episodes = pd.concat([f for f in (kept, new) if len(f)] or [new], ignore_index=True)
+    episodes = episodes.sort_values("split", key=lambda s: s.map(SPLITS.index), kind="stable", ignore_index=True)
+    kept_judgments = _other_splits(out / "judgments.parquet", EVAL_JUDGMENTS, evaluated)
     paths = [write_table(episodes, EVAL_EPISODES, out / "episodes.parquet")]
     for part in split_paths:  # now inside episodes.parquet
         Path(part).unlink()
@@ -104,9 +121,14 @@ def eval_report(
     metrics = {f"eval/{r['split']}/{m}": float(r[m]) for _, r in summary.iterrows() for m in measures}
     splits = json.loads(summary.to_json(orient="records"))  # NaN -> null
     table = summary
-    if judgment_paths:
-        paths.append(merge_judgments([Path(p) for p in judgment_paths], out / "judgments.parquet"))
-        rm = rm_measures(episodes, read_table(paths[-1], EVAL_JUDGMENTS))
+    if judgment_paths or len(kept_judgments):
+        judgments = kept_judgments
+        if judgment_paths:
+            merged = merge_judgments([Path(p) for p in judgment_paths], out / "judgments.parquet")
+            fresh = read_table(merged, EVAL_JUDGMENTS)
+            judgments = pd.concat([f for f in (kept_judgments, fresh) if len(f)] or [fresh], ignore_index=True)
+        paths.append(write_table(judgments, EVAL_JUDGMENTS, out / "judgments.parquet"))
+        rm = rm_measures(episodes, judgments)
         for row in splits:
             values = rm[row["split"]]
             row.update({k: None if math.isnan(v) else v for k, v in values.items()})  # JSON: NaN -> null
