@@ -2,11 +2,11 @@
 (`eval.every: 1`), on a chosen checkpoint, on a bare model, and from the command line."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from PIL import Image
 from typer.testing import CliRunner
 
 from rlanything.algo.rm_accuracy import outcome_prediction
@@ -14,6 +14,9 @@ from rlanything.cli import app
 from rlanything.reports.eval import RM_MEASURES, eval_history
 from rlanything.storage.parquet import read_table
 from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reports"))  # the reports' pixel checks
+from pictures import assert_every_panel_drawn, panels  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -45,12 +48,12 @@ def test_training_evaluates_every_iteration_and_draws_the_curves(evaluated_run):
         assert (episodes.num_steps == 1).all() and (episodes.response_tokens > 0).all()
         summary = (out / "summary.md").read_text()
         assert "| in_domain | reasoning_gym | 3 |" in summary and "| ood | reasoning_gym | 3 |" in summary
-        assert Image.open(out / "eval.png").size[0] > 100
+        panels(out / "eval.png", (560, 320))  # a PNG at its figure's size (the bars' heights: test_eval_report)
         assert not (out / "in_domain.parquet").exists()  # merged into episodes.parquet
         walls.append(json.loads((out / "summary.json").read_text())["wall_time_s"])
     assert walls[0] == 0 < walls[1] < walls[2]  # training seconds: the curve's x against wall time
-    curves = run_dir / "eval_curves.png"
-    assert Image.open(curves).size[0] > 300
+    # accuracy against iteration and against wall time: each panel draws the splits' lines and CI bands
+    assert_every_panel_drawn(run_dir / "eval_curves.png", (1040, 360), (1, 2))
     client = MlflowClient(evaluated_run["mlflow_uri"])
     run_id = evaluated_run["mlflow_run_id"]
     for key in (

@@ -3,10 +3,16 @@ run, whose RM columns are NaN where no RM judged (eval.rm off, or a summary writ
 
 import json
 import math
+import sys
+from pathlib import Path
 
 import pandas as pd
+import pytest
 
-from rlanything.reports.eval import RM_MEASURES, eval_history, summary_markdown
+from rlanything.reports.eval import RM_MEASURES, eval_history, plot_splits, summary_markdown
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pixel checks beside this file
+from pictures import panels, share_of  # noqa: E402
 
 ROW = {
     "split": "in_domain",
@@ -55,3 +61,13 @@ def test_summary_markdown_adds_the_rm_table_only_where_it_judged():
     text = summary_markdown(pd.DataFrame([ROW | RM]), "t", details)
     assert "| in_domain | 4 | 75.0% | n/a | 50.0% | -0.33 | 100.0% |" in text  # AUROC undefined: n/a
     assert "## Reward model" not in summary_markdown(pd.DataFrame([ROW]), "t", details)
+
+
+def test_the_split_plot_draws_each_rate_as_a_bar_of_its_height(tmp_path):
+    ood = ROW | {"split": "ood", "accuracy": 1.0, "strict_accuracy": 0.75, "format_rate": 0.5}
+    out = plot_splits(pd.DataFrame([ROW, ood]), "t", tmp_path / "eval.png")
+    for half, row in zip(panels(out, (560, 320), (1, 2)), (ROW, ood)):  # a split's bars in each half
+        # accuracy tab:blue, strict accuracy tab:green, format rate tab:grey: areas as the rates
+        blue, green, grey = (share_of(half, rgb) for rgb in ((31, 119, 180), (44, 160, 44), (127, 127, 127)))
+        assert green / blue == pytest.approx(row["strict_accuracy"] / row["accuracy"], rel=0.1)
+        assert grey / blue == pytest.approx(row["format_rate"] / row["accuracy"], rel=0.1)

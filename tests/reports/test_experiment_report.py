@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -11,7 +12,11 @@ import pytest
 
 from rlanything.reports import experiment as report
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pixel checks beside this file
+from pictures import panels, share_of  # noqa: E402
+
 ARMS = {"policy-only": "policy only", "plus-rm": "+RM"}
+ARM_COLOURS = [(31, 119, 180), (255, 127, 14)]  # matplotlib's C0, C1: the arms in order
 
 
 def _split(split: str, n: int, strict: float, accuracy: float, rm_acc: float | None = None) -> dict:
@@ -100,11 +105,24 @@ def test_comparison_table_by_hand(runs):
     assert metrics["plus-rm/heldout_in_domain_strict"] == 0.6 and "policy-only/adapt_accepted_total" not in metrics
 
 
-def test_figures_are_written(runs, tmp_path):
+def test_figures_draw_each_arm_where_it_was_measured(runs, tmp_path):
     training, heldout = report.collect(runs)
     paths = report.plot_figures(ARMS, training, heldout, ["in_domain"], tmp_path)
     assert [p.name for p in paths] == [f"{name}.png" for name in report.FIGURES]
-    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+    sizes = {"integrated_vs_outcome": ((960, 336), 2), "rm_accuracy": ((1200, 336), 3)}  # else (480, 336), 1 panel
+
+    def arms_drawn(name: str) -> list[set[str]]:
+        """Per panel of the figure, the arms whose colour (C0, C1 in ARMS order) it shows."""
+        size, count = sizes.get(name, ((480, 336), 1))
+        cells = panels(tmp_path / f"{name}.png", size, (1, count))
+        return [{arm for arm, rgb in zip(ARMS, ARM_COLOURS) if share_of(cell, rgb) > 1e-4} for cell in cells]
+
+    both = set(ARMS)
+    assert arms_drawn("heldout_vs_iteration") == arms_drawn("heldout_vs_wall_time") == [both]
+    assert arms_drawn("integrated_vs_outcome") == [both, both]  # training-batch and held-out accuracy
+    # outcome accuracy for both; AUROC only +RM measured; process accuracy nobody ("not measured")
+    assert arms_drawn("rm_accuracy") == [both, {"plus-rm"}, set()]
+    assert arms_drawn("accepted_tasks") == [{"plus-rm"}]  # policy-only adapted no task
 
 
 def test_pooled_accuracy_of_nothing_is_nan():

@@ -3,9 +3,9 @@ in MLflow, and the inspection notebook executed against a real tiny run."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-import matplotlib.image
 import nbformat
 import pandas as pd
 import pytest
@@ -26,6 +26,9 @@ from rlanything.reports.iteration import (
     summary_markdown,
 )
 from rlanything.storage.layout import RunLayout
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pixel checks beside this file
+from pictures import assert_every_panel_drawn, coloured, panels, share_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 VIEWS = ["curves.png", "tasks.png", "iteration.png", "summary.md", "samples.md"]
@@ -83,8 +86,10 @@ def test_slot_accuracy_and_accepted_counts_by_hand(tmp_path):
     assert list(counts.index) == [0, 1, 2]
     out = tmp_path / "run" / "iter_0002" / "tasks.png"
     out.parent.mkdir(parents=True)
-    height, width, _ = matplotlib.image.imread(plot_tasks(history, (0.2, 0.8), out)).shape
-    assert width > 800 and height > 300
+    slots, slots_too, decisions = panels(plot_tasks(history, (0.2, 0.8), out), (1200, 400), (1, 3))
+    assert min(coloured(slots), coloured(slots_too)) > 0.002  # the slots' accuracy lines (2/3 of the width)
+    # iteration 1's stacked bar: one accepted rewrite (tab:green) under one rejected (tab:red, alpha 0.6)
+    assert share_of(decisions, (44, 160, 44)) > 0.02 and share_of(decisions, (230, 125, 126)) > 0.02
 
 
 def test_every_iteration_has_plots_markdown_and_samples_in_the_folder_and_in_mlflow(small_run):
@@ -92,9 +97,13 @@ def test_every_iteration_has_plots_markdown_and_samples_in_the_folder_and_in_mlf
     client = MlflowClient(small_run["mlflow_uri"])
     for iteration in (0, 1):
         folder = layout.iter_dir(iteration)
-        for png in ("curves.png", "tasks.png", "iteration.png"):
-            height, width, _ = matplotlib.image.imread(folder / png).shape
-            assert width > 800 and height > 250, (png, width, height)
+        # PNGs at their figures' sizes (figsize × 80 dpi). curves.png: every panel shows data (a panel
+        # whose metrics no step recorded says "not recorded", in black), even at iteration 0's single points
+        assert_every_panel_drawn(folder / "curves.png", (1600, 640), (2, 4), least=0.0005)
+        panels(folder / "tasks.png", (1200, 400))  # what it draws: test_slot_accuracy_and_accepted_counts_by_hand
+        # iteration.png: advantages, RM verdicts vs outcomes, lengths (accuracy per task: bars of height 0
+        # for this random model)
+        assert min(coloured(cell) for cell in panels(folder / "iteration.png", (1440, 320), (1, 4))[1:]) > 0.02
         logged = {Path(a.path).name for a in client.list_artifacts(small_run["mlflow_run_id"], f"iter_{iteration:04d}")}
         assert set(VIEWS) <= logged, logged
         written = {p.name for p in folder.iterdir()}
@@ -108,6 +117,7 @@ def test_every_iteration_has_plots_markdown_and_samples_in_the_folder_and_in_mlf
 
     history = metric_history(layout, 1)
     assert list(history.index) == [0, 1] and {"accuracy", "rm/agreement", "policy/kl", "adapt/accepted"} <= set(history)
+    assert [title for title, keys in CURVES.items() if not set(keys) & set(history)] == []  # the steps' names
     summary = (layout.iter_dir(1) / "summary.md").read_text()
     assert "| accuracy |" in summary and "rollout (Completed)" in summary and "## Task adaptation" in summary
     assert summary == summary_markdown(
