@@ -1,4 +1,4 @@
-"""Step 7: forge the environment (task adaptation, `models.task_adaptation.adapt`): judge the
+"""Step 7: forge the environment (task adaptation, `models.adapt_tasks.adapt`): judge the
 pending rewrites, propose new ones for tasks outside the band. Writes adaptation.parquet and the
 buffer with full lineage to tasks/v(N+1).parquet."""
 
