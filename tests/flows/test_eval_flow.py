@@ -172,7 +172,9 @@ def test_cli_prints_the_table(evaluated_run, wide_console):
     assert any(
         cell in result.output for cell in ("0.0% [0.0%, 65.8%]", "50.0% [9.5%, 90.5%]", "100.0% [34.2%, 100.0%]")
     )
-    assert len(read_table(Path(run_dir) / "eval" / "iter_0000" / "episodes.parquet", EVAL_EPISODES)) == 2
+    episodes = read_table(Path(run_dir) / "eval" / "iter_0000" / "episodes.parquet", EVAL_EPISODES)
+    assert (episodes.split == "in_domain").sum() == 2  # replaced by this evaluation's 2 problems
+    assert (episodes.split == "ood").sum() == 3  # training's evaluation of the other split, kept
 
 
 def test_cli_names_what_is_missing(evaluated_run, tmp_path, wide_console):
