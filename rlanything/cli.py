@@ -324,7 +324,7 @@ app.add_typer(experiment_app, name="experiment")
 
 @experiment_app.command(
     "ablation",
-    epilog="Example: rlanything experiment ablation -c configs/smollm2-arith.yaml --seeds 2 --budget-minutes 10",
+    epilog="Example: rlanything experiment ablation -c configs/smollm2-arith-full.yaml --seeds 2 --budget-minutes 10",
 )
 def ablation(
     config: ConfigOpt,

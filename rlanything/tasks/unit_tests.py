@@ -177,7 +177,7 @@ def unit_test_advantage_rows(
 def failed_test_judgments(tests: pd.DataFrame, matrix: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """What the critic summary of task adaptation reads when the RM writes tests: for every
     solution, one -1 "judgment" of its last step per *correct* generated test it fails, the
-    reasoning naming the test (`models.adaptation.failed_steps` reads the judgment columns)."""
+    reasoning naming the test (`models.rewriters.failed_steps` reads the judgment columns)."""
     failed = matrix[~matrix.passed].merge(
         tests[tests.correct][["task_id", "test_idx", "test"]], on=["task_id", "test_idx"]
     )
