@@ -21,6 +21,7 @@ from rich.table import Table
 
 from rlanything import procs
 from rlanything.config import ConfigError, load_config
+from rlanything.metric_names import ACCURACY, MEAN_OUTCOME, RM_PARSE_RATE, update_metrics
 from rlanything.tasks import use_prefect_defaults
 
 # The command line is an application: it may set process-wide defaults (the user's environment
@@ -50,7 +51,7 @@ def _summary(result: dict) -> None:
     table = Table(title="rlanything: run finished", show_header=False)
     table.add_row("artifacts", result["run_dir"])
     table.add_row("iterations", str(result["iterations"]))
-    for key in ("accuracy", "mean_outcome", "rm/parse_rate", "policy/loss", "rm/loss"):
+    for key in (ACCURACY, MEAN_OUTCOME, RM_PARSE_RATE, *update_metrics("loss")):
         if key in result["last_metrics"]:
             table.add_row(f"last {key}", f"{result['last_metrics'][key]:.4g}")
     table.add_row("MLflow store", result["mlflow_uri"])

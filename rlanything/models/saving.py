@@ -19,9 +19,8 @@ from unittest import mock
 import torch
 
 from rlanything.models.loading import ADAPTER_DIR
-from rlanything.storage.checkpoints import write_folder
+from rlanything.storage.checkpoints import OPTIMIZER_STATE, write_folder
 
-OPTIMIZER_STATE = "optimizer.pt"  # AdamW's moments in a checkpoint folder, read back by trainer.make_optimizer
 LORA_SAVES = ("merged", "adapter")
 
 

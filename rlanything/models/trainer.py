@@ -86,7 +86,7 @@ class TorchBackend:
 
 def make_optimizer(model, lr: float, weight_decay: float, state_path: Path | None = None) -> torch.optim.AdamW:
     """AdamW over the trainable weights (all, or LoRA adapters only), resuming its moments
-    from `state_path` when that file exists (a checkpoint's `saving.OPTIMIZER_STATE`)."""
+    from `state_path` when that file exists (a checkpoint's `storage.checkpoints.OPTIMIZER_STATE`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     # The fused kernel updates each tensor in one pass over its memory; the default multi-tensor
     # path makes ~10 passes. On 2 CPU cores a SmolLM2 step took 2.4 s vs 0.4 s fused, a third
