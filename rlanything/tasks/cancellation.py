@@ -78,11 +78,40 @@ def stoppable(fn: F) -> F:
             return fn(*args, **kwargs)
         except BaseException as exc:
             if is_stop(exc):
+                note_unnoted_task_runs()
                 cancel_noted(stop_signal(exc))
                 note_flow_run()
             raise
 
     return run  # type: ignore[return-value]
+
+
+def note_unnoted_task_runs(wait_s: float = 1.0) -> None:
+    """Note the task runs of this flow run that a stop left Running, Pending or Crashed without
+    their own note: a stop that came while Prefect was starting a task, before its function ran
+    (seen with a cancellation from the UI at the start of rm_score). Task states reach the server
+    as events, so it looks twice, `wait_s` apart. Never raises."""
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None or not api_alive():
+        return
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    try:
+        with get_client(sync_client=True) as client:
+            for attempt in range(2):
+                if attempt:
+                    time.sleep(wait_s)
+                runs = client.read_task_runs(
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[context.flow_run.id]))
+                )
+                noted = {run_id for _, run_id in _noted}
+                _noted.extend(("task", r.id) for r in runs if r.id not in noted and _unfinished(r))
+    except Exception as err:
+        logger.warning("could not read the stopped flow run's task runs: %s: %s", type(err).__name__, err)
+
+
+def _unfinished(task_run) -> bool:
+    return task_run.state is not None and task_run.state.type.value in ("RUNNING", "PENDING", "CRASHED")
 
 
 def api_url() -> str | None:

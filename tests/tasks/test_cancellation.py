@@ -77,6 +77,36 @@ def test_a_stopped_task_and_its_flows_end_cancelled_not_crashed(prefect_server):
         assert "SIGTERM" in client.read_flow_run(runs["stop-probe-inner"].id).state.message
 
 
+@task(name="unnoted-probe")
+def stops_before_its_note() -> None:
+    # no noting_stops: a stop that comes while Prefect starts the task, before a noting
+    # function runs, leaves the task run without a note (seen once from the UI at rm_score)
+    stopping.request(signal.SIGTERM)
+    stopping.check()
+
+
+@flow(name="unnoted-probe-flow")
+@stoppable
+def unnoted_flow() -> None:
+    stops_before_its_note()
+
+
+def test_a_stopped_task_run_without_its_own_note_ends_cancelled_too(prefect_server):
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    stopping.reset()
+    try:
+        with pytest.raises(stopping.Stopped):
+            unnoted_flow()
+        assert cancel_noted(signal.SIGTERM)
+    finally:
+        stopping.reset()
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["unnoted-probe-flow"])))
+    run = max(runs, key=lambda r: r.created)
+    assert states(run.id) == ("Cancelled", {"unnoted-probe": "Cancelled"})
+
+
 def test_other_exceptions_are_not_stops():
     assert stop_signal(ValueError("x")) is None
     assert stop_signal(KeyboardInterrupt()) == signal.SIGINT
