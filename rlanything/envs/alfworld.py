@@ -34,20 +34,14 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlanything.envs.kinds import ALFWORLD_TASK_TYPES
 from rlanything.envs.textgame import TextGameEnv, observation, parse_json_box, tidy
 from rlanything.seeding import slot_seed
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
 
-TASK_TYPES = (
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
-)
+TASK_TYPES = ALFWORLD_TASK_TYPES  # easier to harder; the options' default lists them all
 HELDOUT_FOLDERS = ("valid_seen", "valid_unseen")  # ALFWorld's held-out games, beside train/
 INSTALL_HINT = "pip install alfworld==0.4.2 (needs textworld[pddl]) and run alfworld-download"
 

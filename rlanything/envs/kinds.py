@@ -96,18 +96,22 @@ class TextWorldExpressOptions(_Options):
     """Seed split the initial buffer draws its games from."""
 
 
+ALFWORLD_TASK_TYPES = (
+    "pick_and_place_simple",
+    "look_at_obj_in_light",
+    "pick_clean_then_place_in_recep",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "pick_two_obj_and_place",
+)
+"""ALFWorld's six task types, from easier to harder (envs/alfworld.py's TASK_TYPES)."""
+
+
 class AlfWorldOptions(_Options):
     data_path: str | None = None
     """Folder of ALFWorld games (`<ALFWORLD_DATA>/json_2.1.1/train` after `alfworld-download`),
     searched for `*/game.tw-pddl` (kind: alfworld); default `$ALFWORLD_DATA/json_2.1.1/train`."""
-    task_types: list[str] = [
-        "pick_and_place_simple",
-        "look_at_obj_in_light",
-        "pick_clean_then_place_in_recep",
-        "pick_heat_then_place_in_recep",
-        "pick_cool_then_place_in_recep",
-        "pick_two_obj_and_place",
-    ]
+    task_types: list[str] = list(ALFWORLD_TASK_TYPES)
     """ALFWorld task types of the initial buffer."""
 
 
