@@ -260,10 +260,11 @@ def evaluate(
     console.print(f"episodes, summary.md, eval.png: {result['out_dir']}   MLflow run {result['mlflow_run_id']}")
 
 
-EVAL_RM_COLUMNS = (  # where the RM judged the episodes (eval.rm): (header, summary key, format; None: percent)
+EVAL_RM_COLUMNS = (  # where the RM judged the episodes (eval.rm): (header, summary key, format; None: percent,
+    # "interval": the AUROC with its 95% interval or the class too small to decide, reports.eval.auroc_text)
     ("RM judged", "rm_judged", "{:.0f}"),
     ("RM outcome acc", "rm_outcome_accuracy", None),
-    ("RM AUROC", "rm_outcome_auroc", "{:.2f}"),
+    ("RM AUROC [95% CI]", "rm_outcome_auroc", "interval"),
     ("RM step acc", "rm_step_accuracy", None),
     ("RM gap", "rm_score_gap", "{:+.2f}"),
     ("RM parsed", "rm_parse_rate", None),
@@ -272,12 +273,18 @@ EVAL_RM_COLUMNS = (  # where the RM judged the episodes (eval.rm): (header, summ
 
 def _eval_table(target: str, summary: list[dict]) -> Table:
     """`rlanything eval`'s table: one row per split of the summary, with the RM's columns when
-    the RM judged the episodes; a missing value (None) prints as n/a."""
-    from rlanything.reports.eval import ci_text, pct
+    the RM judged the episodes; a missing value (None, or a key an older summary lacks) prints as n/a."""
+    from rlanything.reports.eval import auroc_text, ci_text, pct
 
     table = Table(title=f"rlanything eval: {target} (greedy, {summary[0]['env_kind']})")
     rm_columns = EVAL_RM_COLUMNS if "rm_outcome_accuracy" in summary[0] else ()
-    cell = lambda v, text: pct(v) if text is None else "n/a" if v != v else text.format(v)  # noqa: E731
+
+    def cell(row: dict, key: str, text: str | None) -> str:
+        if text == "interval":
+            return auroc_text(row)
+        value = row.get(key, float("nan"))
+        return pct(value) if text is None else "n/a" if value != value else text.format(value)
+
     for column in ("split", "n", "accuracy [95% CI]", "strict (boxed)", "fallback", "format rate", "env errors"):
         table.add_column(column)
     for column, _, _ in rm_columns:
@@ -292,7 +299,7 @@ def _eval_table(target: str, summary: list[dict]) -> Table:
             pct(row["fallback_accuracy"]),
             pct(row["format_rate"]),
             str(int(row["env_errors"])),
-            *(cell(row[key], text) for _, key, text in rm_columns),
+            *(cell(row, key, text) for _, key, text in rm_columns),
         )
     return table
 

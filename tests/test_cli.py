@@ -186,3 +186,47 @@ def test_every_command_shows_an_example_in_its_help():
         result = CliRunner().invoke(app, [*command.split(), "--help"], terminal_width=200)
         assert result.exit_code == 0, (command, result.output)
         assert "Example" in result.output and "rlanything " + command.split()[0] in result.output, command
+
+
+def test_the_eval_table_gives_the_rm_auroc_interval_or_the_class_too_small_to_decide():
+    import io
+
+    from rich.console import Console
+
+    from rlanything.cli import _eval_table
+
+    base = {
+        "split": "in_domain",
+        "env_kind": "reasoning_gym",
+        "n": 64,
+        "accuracy": 0.5,
+        "ci_low": 0.4,
+        "ci_high": 0.6,
+        "strict_accuracy": 0.5,
+        "fallback_accuracy": 0.5,
+        "format_rate": 1.0,
+        "env_errors": 0,
+        "rm_judged": 64,
+        "rm_outcome_accuracy": 0.75,
+        "rm_step_accuracy": 0.5,
+        "rm_score_gap": 0.25,
+        "rm_parse_rate": 1.0,
+    }
+    summary = [  # as summary.json has them: NaN as None; an older evaluation without the interval's keys
+        base
+        | {"rm_outcome_auroc": 0.6871, "rm_outcome_auroc_low": 0.5612, "rm_outcome_auroc_high": 0.8149}
+        | {"rm_solved_judged": 32, "rm_unsolved_judged": 32},
+        base
+        | {"split": "ood", "rm_outcome_auroc": 0.6243, "rm_outcome_auroc_low": None}
+        | {"rm_outcome_auroc_high": None, "rm_solved_judged": 1, "rm_unsolved_judged": 63},
+        base | {"split": "old", "rm_outcome_auroc": 0.6243},
+        base | {"split": "none", "rm_outcome_auroc": None},
+    ]
+    table = _eval_table("runs/x@3", summary)
+    columns = {column.header: list(column.cells) for column in table.columns}
+    assert columns["split"] == ["in_domain", "ood", "old", "none"]
+    assert columns["RM AUROC [95% CI]"] == ["0.69 [0.56, 0.81]", "0.62 (too few: 1 solved)", "0.62 [n/a, n/a]", "n/a"]
+    assert columns["RM gap"] == ["+0.25"] * 4 and columns["RM outcome acc"] == ["75.0%"] * 4
+    out = io.StringIO()
+    Console(file=out, width=300).print(table)  # and it renders
+    assert "0.62 (too few: 1 solved)" in out.getvalue()

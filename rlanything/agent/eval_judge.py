@@ -96,7 +96,8 @@ def merge_judgments(parts: list[Path], out: Path) -> Path:
 def rm_measures(episodes: pd.DataFrame, judgments: pd.DataFrame) -> dict[str, dict[str, float]]:
     """split -> `reports.eval.RM_MEASURES`, from eval episodes (split, problem_idx, outcome) and their judgments
     (EVAL_JUDGMENTS). Rates are NaN where nothing was judged, the AUROC also where a split's
-    judged episodes share one outcome.
+    judged episodes share one outcome, its 95% interval (`algo.rm_accuracy.auroc_interval`) where
+    fewer than 10 of them were solved or unsolved (rm_solved_judged, rm_unsolved_judged).
 
     >>> episodes = pd.DataFrame({"split": ["ood"] * 2, "problem_idx": [0, 1], "outcome": [1, -1]})
     >>> judgments = pd.DataFrame({"split": ["ood"] * 4, "problem_idx": [0, 0, 1, 1],
@@ -104,6 +105,8 @@ def rm_measures(episodes: pd.DataFrame, judgments: pd.DataFrame) -> dict[str, di
     >>> m = rm_measures(episodes, judgments)["ood"]
     >>> m["rm_outcome_accuracy"], m["rm_outcome_auroc"], m["rm_score_gap"], m["rm_judged"], m["rm_parse_rate"]
     (1.0, 1.0, 0.0, 2, 0.75)
+    >>> m["rm_outcome_auroc_low"], m["rm_solved_judged"], m["rm_unsolved_judged"]  # 1 and 1: too few
+    (nan, 1, 1)
     """
     out = {}
     for split, eps in episodes.groupby("split"):
@@ -119,8 +122,12 @@ def rm_measures(episodes: pd.DataFrame, judgments: pd.DataFrame) -> dict[str, di
             "rm_step_accuracy": prediction["step_accuracy"],
             "rm_outcome_accuracy": prediction["trajectory_accuracy"],
             "rm_outcome_auroc": prediction["auroc"],
+            "rm_outcome_auroc_low": prediction["auroc_low"],
+            "rm_outcome_auroc_high": prediction["auroc_high"],
             "rm_score_gap": prediction["score_gap"],
             "rm_judged": prediction["trajectories"],
+            "rm_solved_judged": prediction["positives"],
+            "rm_unsolved_judged": prediction["negatives"],
             "rm_parse_rate": float(judged.parsed.mean()) if len(judged) else math.nan,
         }
     return out

@@ -13,7 +13,9 @@ the trajectories' outcomes O in {-1, +1}:
   (the mean over its judged steps of each step's mean S; the λ-term of R up to λ).
 - **AUROC** of the trajectory mean step score for O = +1: the probability that a random
   successful trajectory scores above a random failed one (ties count one half). NaN when only
-  one outcome occurs: no ranking to judge, never a made-up 0.5.
+  one outcome occurs: no ranking to judge, never a made-up 0.5. With it a 95% interval
+  (`auroc_interval`, a stratified bootstrap), NaN where either outcome has fewer than `MIN_CLASS`
+  judged trajectories: too few to decide.
 - **score gap**: mean trajectory step score − mean outcome, in [−2, 2]. Positive: the RM is
   more pleased than the verifier; hacking shows as a large positive gap.
 
@@ -63,6 +65,74 @@ def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
     return float((greater + 0.5 * ties) / (len(pos) * len(neg)))
 
 
+MIN_CLASS = 10
+"""`auroc_interval` gives no interval (NaN) when either class has fewer members than this."""
+
+
+def auroc_interval(
+    scores: np.ndarray,
+    labels: np.ndarray,
+    *,
+    level: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+    min_class: int = MIN_CLASS,
+) -> tuple[float, float]:
+    """A `level` interval of `auroc(scores, labels)`: the stratified bootstrap percentile interval.
+
+    scores (N,) float, labels (N,) bool -> (low, high); (NaN, NaN) when either class has fewer than
+    `min_class` members.
+
+    Each of `resamples` resamples draws the positives with replacement, as many as there are, and
+    the negatives likewise (a numpy Generator seeded with `seed`); low and high are the
+    (1 − level)/2 and (1 + level)/2 quantiles of the resamples' AUROCs. Stratified: a plain
+    bootstrap of all N can draw a resample without a positive (AUROC undefined) and lets the
+    class sizes vary, which the AUROC, conditional on them, does not. The rule of `min_class`: with
+    one positive in 64 every resample repeats that one score, so the interval only reflects the
+    spread of the negatives around it and is misleadingly narrow; a handful per class is not much
+    better. Each class is sorted before drawing, so the interval does not depend on the input order.
+
+    Worked example: 20 positives scoring 9, 11, …, 47 and 20 negatives 0, 2, …, 38: positive i
+    (2i + 9) outranks min(i + 5, 20) negatives, 280 of the 400 pairs (no ties): AUROC 0.7, and an
+    interval around it. Perfectly separated classes give (1, 1): every resample ranks every positive
+    above every negative. One positive in 64 gives no interval.
+
+    >>> pos, neg = 2.0 * np.arange(20) + 9, 2.0 * np.arange(20)
+    >>> scores, labels = np.r_[pos, neg], np.r_[np.ones(20, bool), np.zeros(20, bool)]
+    >>> auroc(scores, labels)
+    0.7
+    >>> [round(x, 2) for x in auroc_interval(scores, labels)]
+    [0.53, 0.85]
+    >>> auroc_interval(np.r_[pos + 40, neg], labels)
+    (1.0, 1.0)
+    >>> auroc_interval(np.arange(64.0), np.arange(64) == 63)
+    (nan, nan)
+    """
+    scores, labels = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    values = np.unique(scores)  # scores as indices into their sorted distinct values: ties stay ties
+    pos, neg = (np.sort(np.searchsorted(values, scores[side])) for side in (labels, ~labels))
+    if min(len(pos), len(neg)) < max(min_class, 1):
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    aurocs = np.empty(resamples)
+    for start in range(0, resamples, 256):  # 256 resamples at a time: memory O(256 · N)
+        size = min(256, resamples - start)
+        pos_counts, neg_counts = (_draw_counts(rng, side, size, len(values)) for side in (pos, neg))
+        below = np.cumsum(neg_counts, axis=1) - neg_counts  # negatives drawn below each value
+        wins = (pos_counts * (below + 0.5 * neg_counts)).sum(axis=1)  # Mann–Whitney U, ties one half
+        aurocs[start : start + size] = wins / (len(pos) * len(neg))
+    low, high = np.quantile(aurocs, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
+
+
+def _draw_counts(rng: np.random.Generator, value_idx: np.ndarray, resamples: int, k: int) -> np.ndarray:
+    """(resamples, k): how often each of the k values is drawn in each resample of `value_idx`
+    (indices into the values) with replacement, len(value_idx) draws per resample."""
+    n = len(value_idx)
+    drawn = value_idx[rng.integers(0, n, size=(resamples, n))] + k * np.arange(resamples)[:, None]
+    return np.bincount(drawn.ravel(), minlength=resamples * k).reshape(resamples, k)
+
+
 def _step_means(traj_id, step_idx, step_score, parsed) -> dict[tuple, float]:
     """(traj_id, step_idx) -> mean of the step's parsed S, 0 when none parsed (a tie: no verdict)."""
     keys = list(zip(np.asarray(traj_id).tolist(), np.asarray(step_idx).tolist()))
@@ -78,22 +148,28 @@ def _step_means(traj_id, step_idx, step_score, parsed) -> dict[tuple, float]:
 def outcome_prediction(
     traj_id: np.ndarray, step_idx: np.ndarray, step_score: np.ndarray, parsed: np.ndarray, outcome: dict
 ) -> dict[str, float]:
-    """Step and trajectory outcome accuracy, AUROC and score gap of one iteration's judgments.
+    """Step and trajectory outcome accuracy, AUROC (with its 95% interval) and score gap of one
+    iteration's judgments.
 
     traj_id, step_idx, step_score, parsed: (J,) per judgment (step_score in {-1, 0, +1}, used only
     where parsed); outcome: traj_id -> O in {-1, +1} for every judged trajectory.
-    -> {"step_accuracy", "trajectory_accuracy", "auroc", "score_gap", "steps", "trajectories"}
-    (NaN rates when nothing was judged).
+    -> {"step_accuracy", "trajectory_accuracy", "auroc", "auroc_low", "auroc_high", "score_gap",
+    "steps", "trajectories", "positives", "negatives"}: auroc_low/high from `auroc_interval`
+    (defaults: 2000 resamples, seed 0; NaN below `MIN_CLASS` per class), positives/negatives the
+    judged trajectories with O = +1 / −1 (NaN rates when nothing was judged).
 
     Worked example: trajectory a (O = +1) has steps 0 (S = +1, +1, −1) and 1 (S = −1, −1, +1);
     trajectory b (O = −1) one step (S = −1, unparsed, −1). Step means +1/3, −1/3, −1: the majority
     verdicts +1, −1, −1 against outcomes +1, +1, −1 → step accuracy 2/3. Trajectory means 0 (a tie:
-    wrong) and −1 (right) → 1/2; AUROC 1 (0 > −1); gap mean(0, −1) − mean(+1, −1) = −0.5.
+    wrong) and −1 (right) → 1/2; AUROC 1 (0 > −1); gap mean(0, −1) − mean(+1, −1) = −0.5. One
+    trajectory per outcome: too few for an interval.
 
     >>> r = outcome_prediction(np.array(["a"] * 6 + ["b"] * 3), np.array([0, 0, 0, 1, 1, 1, 0, 0, 0]),
     ...     np.array([1, 1, -1, -1, -1, 1, -1, 0, -1]), np.array([True] * 7 + [False, True]), {"a": 1, "b": -1})
     >>> [round(r[k], 4) for k in ("step_accuracy", "trajectory_accuracy", "auroc", "score_gap")]
     [0.6667, 0.5, 1.0, -0.5]
+    >>> r["auroc_low"], r["auroc_high"], r["positives"], r["negatives"]
+    (nan, nan, 1, 1)
     """
     step_mean = _step_means(traj_id, step_idx, step_score, parsed)
     step_right = [np.sign(mean) == outcome[key[0]] for key, mean in step_mean.items()]
@@ -105,14 +181,20 @@ def outcome_prediction(
     traj_outcome = np.array([outcome[t] for t in traj_ids], dtype=float)
     if not traj_ids:
         nan = math.nan
-        return dict(step_accuracy=nan, trajectory_accuracy=nan, auroc=nan, score_gap=nan, steps=0, trajectories=0)
+        rates = dict(step_accuracy=nan, trajectory_accuracy=nan, auroc=nan, auroc_low=nan, auroc_high=nan)
+        return rates | dict(score_gap=nan, steps=0, trajectories=0, positives=0, negatives=0)
+    low, high = auroc_interval(traj_score, traj_outcome > 0)
     return {
         "step_accuracy": float(np.mean(step_right)),
         "trajectory_accuracy": float(np.mean(np.sign(traj_score) == traj_outcome)),
         "auroc": auroc(traj_score, traj_outcome > 0),
+        "auroc_low": low,
+        "auroc_high": high,
         "score_gap": float(traj_score.mean() - traj_outcome.mean()),
         "steps": len(step_mean),
         "trajectories": len(traj_ids),
+        "positives": int((traj_outcome > 0).sum()),
+        "negatives": int((traj_outcome < 0).sum()),
     }
 
 

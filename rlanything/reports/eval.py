@@ -18,19 +18,26 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from rlanything.algo.rm_accuracy import MIN_CLASS
 from rlanything.metric_names import is_step_time
 
 RM_MEASURES = (
     "rm_step_accuracy",
     "rm_outcome_accuracy",
     "rm_outcome_auroc",
+    "rm_outcome_auroc_low",
+    "rm_outcome_auroc_high",
     "rm_score_gap",
     "rm_judged",
+    "rm_solved_judged",
+    "rm_unsolved_judged",
     "rm_parse_rate",
 )
 """The RM's columns of a split's row (`agent.eval_judge.rm_measures`): `outcome_prediction`'s
-step_accuracy, trajectory_accuracy, auroc, score_gap and trajectories (episodes judged), and the
-fraction of its judgments whose verdict parsed."""
+step_accuracy, trajectory_accuracy, auroc with its 95% stratified-bootstrap interval (auroc_low,
+auroc_high: NaN where fewer than `algo.rm_accuracy.MIN_CLASS` judged episodes were solved or
+unsolved), score_gap, trajectories (episodes judged) and of those the solved (positives) and
+unsolved (negatives), and the fraction of its judgments whose verdict parsed."""
 
 
 def pct(value: float) -> str:
@@ -75,25 +82,50 @@ def _number(value, text: str) -> str:
     return "n/a" if value is None or value != value else text.format(value)
 
 
+def _known(row, key: str) -> float | None:
+    """row[key] of a summary row (a dict or a Series), None where absent, null or NaN."""
+    value = row.get(key)
+    return None if value is None or value != value else value
+
+
+def auroc_text(row) -> str:
+    """The RM's outcome AUROC of a summary row with its 95% interval: "0.69 [0.56, 0.81]"; where
+    fewer than `MIN_CLASS` judged episodes were solved or unsolved, the counts instead of an
+    interval: "0.62 (too few: 1 solved)"; "n/a" for an AUROC undefined (one outcome or nothing
+    judged). A summary written before the interval existed (no counts): "0.62 [n/a, n/a]"."""
+    value = _known(row, "rm_outcome_auroc")
+    counts = (("rm_solved_judged", "solved"), ("rm_unsolved_judged", "unsolved"))
+    few = [f"{int(n)} {name}" for key, name in counts if (n := _known(row, key)) is not None and n < MIN_CLASS]
+    text = "n/a" if value is None else f"{value:.2f}"
+    if few:
+        return f"{text} (too few: {', '.join(few)})"
+    if value is None:
+        return text
+    low, high = (_number(_known(row, k), "{:.2f}") for k in ("rm_outcome_auroc_low", "rm_outcome_auroc_high"))
+    return f"{text} [{low}, {high}]"
+
+
 def rm_markdown(summary: pd.DataFrame) -> list[str]:
     """The RM's table of summary.md: one row per split (`RM_MEASURES`)."""
     lines = [
         "## Reward model",
         "",
-        "| split | judged | outcome accuracy | outcome AUROC | step accuracy | score gap | parse rate |",
+        "| split | judged | outcome accuracy | outcome AUROC [95% CI] | step accuracy | score gap | parse rate |",
         "|---|---|---|---|---|---|---|",
     ]
     for _, row in summary.iterrows():
         lines.append(
             f"| {row['split']} | {_number(row['rm_judged'], '{:.0f}')} | {pct(row['rm_outcome_accuracy'])} | "
-            f"{_number(row['rm_outcome_auroc'], '{:.2f}')} | {pct(row['rm_step_accuracy'])} | "
+            f"{auroc_text(row)} | {pct(row['rm_step_accuracy'])} | "
             f"{_number(row['rm_score_gap'], '{:+.2f}')} | {pct(row['rm_parse_rate'])} |"
         )
     return lines + [
         "",
         "The RM of the same checkpoint judged every step of every valid episode, as in training. Outcome "
         "accuracy: the sign of an episode's mean step score against its outcome (a tie counts as wrong); "
-        "AUROC: that score ranking solved above unsolved episodes (n/a with one outcome only); step "
+        "AUROC: that score ranking solved above unsolved episodes (n/a with one outcome only), with its 95% "
+        f"interval (a stratified bootstrap) where at least {MIN_CLASS} judged episodes were solved "
+        "and as many unsolved, else the count that is too few to decide; step "
         "accuracy: each step's majority verdict against its episode's outcome; score gap: mean score − "
         "mean outcome (positive: the RM is more pleased than the verifier).",
     ]

@@ -6,6 +6,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -15,6 +16,7 @@ from scripted_policy import ScriptedPolicy  # noqa: E402
 
 from rlanything.agent.eval_judge import judge_split, merge_judgments, rm_measures  # noqa: E402
 from rlanything.agent.evaluate import play_greedy, play_greedy_steps  # noqa: E402
+from rlanything.algo.rm_accuracy import auroc_interval  # noqa: E402
 from rlanything.config import build_config  # noqa: E402
 from rlanything.envs.heldout import heldout_specs  # noqa: E402
 from rlanything.reports.eval import RM_MEASURES  # noqa: E402
@@ -63,16 +65,40 @@ def test_rm_measures_by_hand():
     assert ind["rm_outcome_accuracy"] == 0.0 and ind["rm_outcome_auroc"] == 0.0
     assert ind["rm_score_gap"] == pytest.approx(-1 / 6)
     assert ind["rm_judged"] == 2 and ind["rm_parse_rate"] == pytest.approx(8 / 9)
+    assert ind["rm_solved_judged"] == 1 and ind["rm_unsolved_judged"] == 1  # episode 2, invalid, not counted
+    assert math.isnan(ind["rm_outcome_auroc_low"]) and math.isnan(ind["rm_outcome_auroc_high"])  # 1 and 1: too few
     ood = measures["ood"]
     assert ood["rm_step_accuracy"] == ood["rm_outcome_accuracy"] == 1.0 and math.isnan(ood["rm_outcome_auroc"])
     assert ood["rm_score_gap"] == 0.0 and ood["rm_judged"] == 2 and ood["rm_parse_rate"] == 1.0
+    assert ood["rm_solved_judged"] == 0 and ood["rm_unsolved_judged"] == 2
+
+
+def test_rm_measures_give_the_auroc_interval_from_ten_episodes_of_each_outcome():
+    # 10 solved episodes scoring +1 (one step, S = +1) and 12 unsolved: 9 scoring -1, 3 scoring +1.
+    # AUROC: pairs (solved, unsolved) 10 × 9 wins and 10 × 3 ties -> (90 + 15) / 120 = 0.875; the
+    # interval is `auroc_interval` of the episodes' scores, below 1 (a resample can hold more +1 unsolved)
+    outcome = [1] * 10 + [-1] * 12
+    score = [1] * 10 + [-1] * 9 + [1] * 3
+    episodes = pd.DataFrame({"split": "in_domain", "problem_idx": range(22), "outcome": outcome})
+    judgments = pd.DataFrame(
+        {"split": "in_domain", "problem_idx": range(22), "step_idx": 0, "step_score": score, "parsed": True}
+    )
+    m = rm_measures(episodes, judgments)["in_domain"]
+    assert m["rm_outcome_auroc"] == pytest.approx(0.875)
+    assert m["rm_solved_judged"] == 10 and m["rm_unsolved_judged"] == 12
+    interval = auroc_interval(np.array(score, float), np.array(outcome) > 0)
+    assert (m["rm_outcome_auroc_low"], m["rm_outcome_auroc_high"]) == interval
+    assert 0.5 < interval[0] < 0.875 < interval[1] == 1.0
+    nine = rm_measures(episodes[1:], judgments[1:])["in_domain"]  # 9 solved: too few
+    assert nine["rm_solved_judged"] == 9 and math.isnan(nine["rm_outcome_auroc_low"])
 
 
 def test_a_split_with_nothing_judged_has_nan_rates():
     episodes = pd.DataFrame({"split": ["ood"], "problem_idx": [0], "outcome": [-1]})
     measures = rm_measures(episodes, pd.DataFrame(columns=EVAL_JUDGMENTS.names))["ood"]
-    assert measures["rm_judged"] == 0
-    assert all(math.isnan(measures[k]) for k in RM_MEASURES if k != "rm_judged")
+    counts = ("rm_judged", "rm_solved_judged", "rm_unsolved_judged")
+    assert all(measures[k] == 0 for k in counts)
+    assert all(math.isnan(measures[k]) for k in RM_MEASURES if k not in counts)
 
 
 def test_held_out_steps_are_judged_as_the_rm_score_step_judges_them(tiny_tokenizer, tmp_path):

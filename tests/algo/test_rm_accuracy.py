@@ -1,4 +1,5 @@
-"""RM outcome and process accuracy, AUROC and the reward-hacking guard, on hand-computed numbers."""
+"""RM outcome and process accuracy, AUROC (and its bootstrap interval) and the reward-hacking guard,
+on hand-computed numbers."""
 
 import itertools
 import math
@@ -6,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rlanything.algo.rm_accuracy import auroc, guard, outcome_prediction, process_accuracy
+from rlanything.algo.rm_accuracy import MIN_CLASS, auroc, auroc_interval, guard, outcome_prediction, process_accuracy
 
 LIMITS = dict(max_score_gap=1.0, min_outcome_accuracy=0.5, min_outcome_auroc=0.6, min_trajectories=4)
 
@@ -30,6 +31,61 @@ def test_auroc_matches_a_loop_over_pairs():
         expected = sum(1.0 if p > q else 0.5 if p == q else 0.0 for p, q in pairs) / len(pairs) if pairs else math.nan
         got = auroc(scores, labels)
         assert (math.isnan(got) and math.isnan(expected)) or got == pytest.approx(expected)
+
+
+def two_classes(n_pos: int, n_neg: int, seed: int = 0):
+    """Scores of n_pos positives ~ N(1, 1) and n_neg negatives ~ N(0, 1), rounded to thirds (ties,
+    as mean step scores have): a true AUROC of about 0.76."""
+    rng = np.random.default_rng(seed)
+    labels = np.r_[np.ones(n_pos, bool), np.zeros(n_neg, bool)]
+    return np.round(rng.normal(labels.astype(float), 1.0) * 3) / 3, labels
+
+
+def test_perfectly_separated_classes_have_the_interval_one_one():
+    # every positive (10..19) above every negative (0..9): every resample's AUROC is 1
+    scores, labels = np.arange(20.0), np.arange(20) >= 10
+    assert auroc(scores, labels) == 1.0 and auroc_interval(scores, labels) == (1.0, 1.0)
+    assert auroc_interval(-scores, labels) == (0.0, 0.0)  # and every negative above: 0
+
+
+def test_a_class_below_min_class_has_no_interval():
+    scores, labels = np.arange(64.0), np.arange(64) == 63  # 1 positive in 64: AUROC 1, no interval
+    assert auroc(scores, labels) == 1.0 and all(math.isnan(x) for x in auroc_interval(scores, labels))
+    nine = np.arange(20) < MIN_CLASS - 1  # 9 positives, 11 negatives
+    assert all(math.isnan(x) for x in auroc_interval(np.arange(20.0), nine))
+    assert all(math.isnan(x) for x in auroc_interval(np.arange(20.0), ~nine))  # 9 negatives
+    assert not any(math.isnan(x) for x in auroc_interval(np.arange(20.0), nine, min_class=MIN_CLASS - 1))
+    assert all(math.isnan(x) for x in auroc_interval(np.array([]), np.array([], dtype=bool), min_class=0))
+
+
+def test_the_interval_contains_the_auroc_and_narrows_as_episodes_grow():
+    small, large = two_classes(20, 20), two_classes(200, 200)
+    for scores, labels in (small, large):
+        low, high = auroc_interval(scores, labels)
+        assert low < auroc(scores, labels) < high
+    (low_s, high_s), (low_l, high_l) = auroc_interval(*small), auroc_interval(*large)
+    # the width shrinks about as 1/sqrt(n): 10 times the episodes, about a third of the width
+    assert 0.2 < (high_l - low_l) / (high_s - low_s) < 0.5
+    narrow = auroc_interval(*small, level=0.5)
+    assert low_s < narrow[0] < narrow[1] < high_s  # a 50% interval inside the 95% one
+
+
+def test_the_interval_is_the_percentiles_of_stratified_resamples_and_seeded():
+    scores, labels = two_classes(12, 30, seed=3)
+    got = auroc_interval(scores, labels, resamples=300, seed=7)
+    assert got == auroc_interval(scores, labels, resamples=300, seed=7)  # deterministic for a seed
+    assert got != auroc_interval(scores, labels, resamples=300, seed=8)
+    shuffled = np.random.default_rng(4).permutation(len(scores))
+    assert auroc_interval(scores[shuffled], labels[shuffled], resamples=300, seed=7) == got  # order-free
+    # the same draws, one resample at a time: each class sorted, drawn with replacement at its own
+    # size, 256 resamples per batch (positives, then negatives)
+    pos, neg = np.sort(scores[labels]), np.sort(scores[~labels])
+    rng, aurocs = np.random.default_rng(7), []
+    for size in (256, 44):
+        p, q = rng.integers(0, len(pos), (size, len(pos))), rng.integers(0, len(neg), (size, len(neg)))
+        both = np.r_[np.ones(len(pos), bool), np.zeros(len(neg), bool)]
+        aurocs += [auroc(np.r_[pos[p[b]], neg[q[b]]], both) for b in range(size)]
+    assert got == pytest.approx(tuple(np.quantile(aurocs, [0.025, 0.975])))
 
 
 def judgments(rows):
@@ -61,6 +117,8 @@ def test_outcome_prediction_by_hand():
     assert r["auroc"] == 0.5
     # mean score (0.5 - 1/3 + 1 + 0)/4 = 7/24; mean outcome 0
     assert r["score_gap"] == pytest.approx(7 / 24)
+    assert r["positives"] == 2 and r["negatives"] == 2  # too few for an interval
+    assert math.isnan(r["auroc_low"]) and math.isnan(r["auroc_high"])
     shuffled = np.random.default_rng(1).permutation(len(cols[0]))
     assert outcome_prediction(*(c[shuffled] for c in cols), {0: 1, 1: -1, 2: -1, 3: 1}) == r  # order-free
 
@@ -68,7 +126,20 @@ def test_outcome_prediction_by_hand():
 def test_nothing_judged_is_nan_not_a_number():
     empty = [np.array([]) for _ in range(4)]
     r = outcome_prediction(*empty, {})
-    assert r["trajectories"] == 0 and all(math.isnan(r[k]) for k in ("step_accuracy", "auroc", "score_gap"))
+    assert r["trajectories"] == r["positives"] == r["negatives"] == 0
+    assert all(math.isnan(r[k]) for k in ("step_accuracy", "auroc", "auroc_low", "auroc_high", "score_gap"))
+
+
+def test_outcome_prediction_gives_the_interval_of_the_trajectory_scores():
+    # 12 won, 10 lost trajectories, one step each; won t scores +1 when t % 3, lost ones +1 when t % 4 == 0
+    outcomes = {t: (1 if t < 12 else -1) for t in range(22)}
+    verdict = {t: (1 if (t % 3 if t < 12 else t % 4 == 0) else -1) for t in range(22)}
+    r = outcome_prediction(*judgments([(t, 0, [verdict[t]]) for t in range(22)]), outcomes)
+    assert r["positives"] == 12 and r["negatives"] == 10 and r["trajectories"] == 22
+    scores = np.array([verdict[t] for t in range(22)], dtype=float)
+    assert (r["auroc_low"], r["auroc_high"]) == auroc_interval(scores, np.arange(22) < 12)
+    # pairs (won, lost): 8 × 7 (+1 > -1) wins, 8 × 3 and 4 × 7 ties: (56 + 26) / 120
+    assert r["auroc"] == pytest.approx(82 / 120) and r["auroc_low"] < r["auroc"] < r["auroc_high"]
 
 
 def test_guard_fires_on_a_drifting_rm_and_not_on_a_healthy_one():

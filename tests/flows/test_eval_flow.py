@@ -101,8 +101,12 @@ def test_the_rm_of_each_checkpoint_judges_the_held_out_episodes(evaluated_run):
                 "rm_step_accuracy": expected["step_accuracy"],
                 "rm_outcome_accuracy": expected["trajectory_accuracy"],
                 "rm_outcome_auroc": expected["auroc"],  # NaN (null) while no episode succeeds
+                "rm_outcome_auroc_low": expected["auroc_low"],  # NaN (null): 3 episodes, too few
+                "rm_outcome_auroc_high": expected["auroc_high"],
                 "rm_score_gap": expected["score_gap"],
                 "rm_judged": expected["trajectories"],
+                "rm_solved_judged": expected["positives"],
+                "rm_unsolved_judged": expected["negatives"],
                 "rm_parse_rate": judged.parsed.mean(),
             }
             assert {k: rows[split][k] for k in RM_MEASURES} == {

@@ -63,6 +63,29 @@ def test_summary_markdown_adds_the_rm_table_only_where_it_judged():
     assert "## Reward model" not in summary_markdown(pd.DataFrame([ROW]), "t", details)
 
 
+INTERVAL = {"rm_outcome_auroc_low": 0.5612, "rm_outcome_auroc_high": 0.8149}
+
+
+def test_the_rm_table_gives_the_auroc_interval_or_the_class_too_small_to_decide():
+    rows = [
+        ROW | RM | INTERVAL | {"rm_outcome_auroc": 0.6871, "rm_solved_judged": 10, "rm_unsolved_judged": 30},
+        ROW | RM | {"split": "ood", "rm_outcome_auroc": 0.6243, "rm_solved_judged": 1, "rm_unsolved_judged": 63},
+        ROW | RM | {"split": "hard", "rm_outcome_auroc": 0.55, "rm_solved_judged": 40, "rm_unsolved_judged": 9},
+        ROW | RM | {"split": "tiny", "rm_outcome_auroc": 0.5, "rm_solved_judged": 3, "rm_unsolved_judged": 2},
+        ROW | RM | {"split": "lost", "rm_solved_judged": 0, "rm_unsolved_judged": 12},  # AUROC null: one outcome
+        ROW | RM | {"split": "old", "rm_outcome_auroc": 0.6243},  # an evaluation written before the interval
+    ]
+    text = summary_markdown(pd.DataFrame(rows), "t", {})
+    assert "| outcome AUROC [95% CI] |" in text
+    assert "| in_domain | 4 | 75.0% | 0.69 [0.56, 0.81] | 50.0% |" in text
+    assert "| ood | 4 | 75.0% | 0.62 (too few: 1 solved) | 50.0% |" in text
+    assert "| hard | 4 | 75.0% | 0.55 (too few: 9 unsolved) | 50.0% |" in text
+    assert "| tiny | 4 | 75.0% | 0.50 (too few: 3 solved, 2 unsolved) | 50.0% |" in text
+    assert "| lost | 4 | 75.0% | n/a (too few: 0 solved) | 50.0% |" in text
+    assert "| old | 4 | 75.0% | 0.62 [n/a, n/a] | 50.0% |" in text
+    assert "at least 10 judged episodes were solved" in text
+
+
 def test_the_split_plot_draws_each_rate_as_a_bar_of_its_height(tmp_path):
     ood = ROW | {"split": "ood", "accuracy": 1.0, "strict_accuracy": 0.75, "format_rate": 0.5}
     out = plot_splits(pd.DataFrame([ROW, ood]), "t", tmp_path / "eval.png")
