@@ -231,6 +231,12 @@ class RewardModelConfig(ModelConfig):
     verdict: Literal["free", "constrained"] = "free"
     """`free`: the RM writes its own \\boxed{±1}; `constrained`: the verdict token is sampled
     from the model restricted to 1/-1 (for small models that rarely box a verdict themselves)."""
+    max_new_tokens: int = Field(64, ge=0)
+    """Token budget of the RM's reasoning (verdict free: reasoning and verdict; role unit_tests:
+    one test). 0, with verdict constrained only: a direct verdict, sampled right after the
+    prompt from the RM's probabilities of "1" and "-1" with no reasoning (our departure: the
+    paper's RM reasons first). Every token the RM is trained on is then its verdict, and a
+    judgment costs one scoring pass instead of a decode per reasoning token."""
     role: Literal["judge", "unit_tests"] = "judge"
     """`judge`: the RM judges every step ±1 (m judgments); `unit_tests` (env.kind coding only,
     the paper's coding setting): the RM writes unit tests for each problem, run in the sandbox
@@ -487,6 +493,11 @@ class Config(_Section):
             )
         if self.rm.judgments_per_step == 0:
             self._check_no_rm()
+        if self.rm.max_new_tokens == 0 and (self.rm.verdict != "constrained" or self.rm.role != "judge"):
+            raise ValueError(
+                "rm.max_new_tokens 0 (a direct verdict, no reasoning) needs rm.verdict constrained "
+                "and rm.role judge: a free verdict or a unit test has to be written"
+            )
         if self.rm.engine == "vllm" and self.rm.verdict == "constrained" and self.rm.temperature != 1:
             raise ValueError(
                 "rm.engine vllm scores verdicts at temperature 1 only (its prompt log-probs ignore "

@@ -196,6 +196,15 @@ def test_no_rm_in_the_loop_needs_everything_that_reads_judgments_off():
         build_config({}, ["rm.judgments_per_step=-1"])
 
 
+def test_a_direct_verdict_needs_the_constrained_mode_of_a_judge():
+    config = build_config({}, ["rm.max_new_tokens=0", "rm.verdict=constrained"])
+    assert config.rm.max_new_tokens == 0 and config.policy.max_new_tokens == 64  # the RM's alone
+    with pytest.raises(ConfigError, match=r"rm.max_new_tokens 0 .* needs rm.verdict constrained"):
+        build_config({}, ["rm.max_new_tokens=0"])  # free: the RM must write its own box
+    with pytest.raises(ConfigError, match=r"max_new_tokens"):
+        build_config({}, ["policy.max_new_tokens=0"])
+
+
 # ---------------------------------------------------------------- environment options by kind
 
 

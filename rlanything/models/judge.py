@@ -7,7 +7,8 @@ Two verdict modes:
   reasoning, then we append `\\boxed{` and sample the verdict from the model's own
   probabilities of the token sequences "1" and "-1" (renormalised over the two), then `}`.
   The appended tokens are part of the response with the model's log-probs, so the RM update
-  trains them like any other token; parse failures cannot happen.
+  trains them like any other token; parse failures cannot happen. With no reasoning budget
+  (rm.max_new_tokens 0) the verdict follows the prompt directly: nothing is decoded.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import random
 from typing import Any
 
 from rlanything.algo.parsing import extract_last_boxed, parse_step_score
-from rlanything.models.generation import GenerationEngine, PrefixCache
+from rlanything.models.generation import Generation, GenerationEngine, PrefixCache
 from rlanything.models.prompts import judge_messages, render, unit_test_messages
 
 
@@ -45,14 +46,17 @@ def judge_steps(
     # later steps' prompts repeat earlier steps' history, and the constrained verdict scores
     # prompt + reasoning again: the engine reuses their KV (engine.PrefixCache)
     cache = prefix_cache if prefix_cache is not None else PrefixCache()
-    gens = engine.generate(
-        [prompts[k][1] for k, _ in jobs],
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-        prefix_cache=cache,
-    )
+    if max_new_tokens == 0 and verdict == "constrained":  # a direct verdict: nothing to decode
+        gens = [Generation([], [], "", "length") for _ in jobs]
+    else:
+        gens = engine.generate(
+            [prompts[k][1] for k, _ in jobs],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            prefix_cache=cache,
+        )
     if verdict == "constrained":
         verdicts = _constrained_verdicts(
             engine, tokenizer, [prompts[k][1] for k, _ in jobs], gens, temperature, seed, cache

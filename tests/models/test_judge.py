@@ -35,14 +35,14 @@ def engine(tiny_model_path, tiny_tokenizer):
     return TransformersEngine(load_model(tiny_model_path), tiny_tokenizer, batch_size=4)
 
 
-def judge(engine, tokenizer, verdict, seed=0):
+def judge(engine, tokenizer, verdict, seed=0, max_new_tokens=8):
     return judge_steps(
         engine,
         tokenizer,
         STEPS,
         judgments_per_step=3,
         verdict=verdict,
-        max_new_tokens=8,
+        max_new_tokens=max_new_tokens,
         temperature=0.8,
         top_p=1.0,
         seed=seed,
@@ -63,6 +63,24 @@ def test_constrained_verdicts_always_parse_and_are_trainable_tokens(engine, tiny
     for r in rows[:2]:
         scored = engine.score([r["prompt_ids"]], [r["response_ids"]], temperature=0.8)[0]
         assert scored[-4:] == pytest.approx(r["logprobs"][-4:], abs=1e-4)
+
+
+def test_a_direct_verdict_decodes_nothing_and_trains_only_the_verdict(engine, tiny_tokenizer, monkeypatch):
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("a direct verdict must not decode")
+
+    monkeypatch.setattr(engine, "generate", no_decoding)
+    rows = judge(engine, tiny_tokenizer, "constrained", max_new_tokens=0)
+    encode = lambda text: tiny_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    opener_and_closer = len(encode("\n\\boxed{")) + len(encode("}"))
+    for r in rows:
+        assert r["reasoning"] == f"\n\\boxed{{{r['step_score']}}}" and r["parsed"]
+        # the response is the verdict alone: "\n\\boxed{", "1" or "-1" (1 or 2 tokens), "}"
+        assert len(r["response_ids"]) - opener_and_closer == (1 if r["step_score"] == 1 else 2)
+        scored = engine.score([r["prompt_ids"]], [r["response_ids"]], temperature=0.8)[0]
+        assert scored == pytest.approx(r["logprobs"], abs=1e-4)
+    # the same prompt judged three times differs only in the sampled verdict
+    assert len({tuple(r["prompt_ids"]) for r in rows if r["traj_id"] == 0}) == 1
 
 
 def test_constrained_verdicts_vary_with_the_seed(engine, tiny_tokenizer):
