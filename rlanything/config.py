@@ -377,6 +377,11 @@ class AlgoConfig(_Section):
     """[α_low, α_high]: tasks whose accuracy is inside train the RM; outside, they are adapted."""
     policy_band: tuple[float, float] = (0.125, 0.875)
     """Accuracy band of tasks whose samples train the policy."""
+    rm_balance: bool = False
+    """Reweight the RM's advantages so that the judgments of solved and of unsolved episodes
+    carry equal total weight in its update (our departure; `algo.advantages.outcome_balanced`):
+    with most episodes failed, the paper's consistency reward O·S_j mostly pays "−1" and a small
+    judge learns the class prior instead of the difference. Needs rm.role judge."""
     rm_guard: RMGuardConfig = RMGuardConfig()
     """The reward-hacking alarm, and whether a flag switches the policy to outcome-only."""
 
@@ -493,6 +498,8 @@ class Config(_Section):
             )
         if self.rm.judgments_per_step == 0:
             self._check_no_rm()
+        if self.algo.rm_balance and self.rm.role != "judge":
+            raise ValueError("algo.rm_balance reweights judgments: it needs rm.role judge")
         if self.rm.max_new_tokens == 0 and (self.rm.verdict != "constrained" or self.rm.role != "judge"):
             raise ValueError(
                 "rm.max_new_tokens 0 (a direct verdict, no reasoning) needs rm.verdict constrained "

@@ -196,6 +196,12 @@ def test_no_rm_in_the_loop_needs_everything_that_reads_judgments_off():
         build_config({}, ["rm.judgments_per_step=-1"])
 
 
+def test_rm_balance_needs_a_judge():
+    assert build_config({}, ["algo.rm_balance=true"]).algo.rm_balance
+    with pytest.raises(ConfigError, match=r"algo.rm_balance reweights judgments: it needs rm.role judge"):
+        build_config({"env": {"kind": "coding"}}, ["algo.rm_balance=true", "rm.role=unit_tests"])
+
+
 def test_a_direct_verdict_needs_the_constrained_mode_of_a_judge():
     config = build_config({}, ["rm.max_new_tokens=0", "rm.verdict=constrained"])
     assert config.rm.max_new_tokens == 0 and config.policy.max_new_tokens == 64  # the RM's alone

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlanything.algo.advantages import rm_advantages, step_index_advantages
+from rlanything.algo.advantages import outcome_balanced, rm_advantages, step_index_advantages
 from rlanything.algo.curriculum import in_band, task_accuracy
 from rlanything.algo.rewards import integrated_reward, rm_consistency_reward
 
@@ -85,6 +85,7 @@ def select_samples(
     policy_band: tuple[float, float],
     outcome_weight: float = 1.0,
     steps: dict[str, np.ndarray] | None = None,
+    rm_balance: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Policy and RM samples of one iteration, with reward, advantage and whether each trains.
 
@@ -118,6 +119,10 @@ def select_samples(
     >>> pol["reward"].tolist(), rm["reward"].tolist()
     ([1.0, 0.0], [2.0, 2.0, -1.0, 1.0])
 
+    `rm_balance`: the RM's kept advantages reweighted so that solved and unsolved episodes
+    carry equal total weight (`algo.advantages.outcome_balanced`); in the first example only the
+    lost episode's judgments are kept: one outcome, nothing to balance, nothing changes.
+
     With m = 0 (no RM in the loop) the same two trajectories give rewards O = +-1, the same
     z-scores, and no RM sample.
     >>> none = {k: np.array([], int) for k in ("traj_id", "step_idx", "judge_idx", "step_score", "parsed")}
@@ -139,7 +144,10 @@ def select_samples(
         reward, policy_reward = outcome, outcome_weight * outcome
     policy = _policy_samples(keys, task_ids, policy_reward, np.asarray(in_band(task_acc, *policy_band), dtype=bool))
     in_rm_band = np.asarray(in_band(task_acc, *band), dtype=bool)
-    return policy, _rm_samples(keys, task_ids, rm_consistency_reward(reward, score, parsed), in_rm_band)
+    rm = _rm_samples(keys, task_ids, rm_consistency_reward(reward, score, parsed), in_rm_band)
+    if rm_balance and m:  # solved and unsolved episodes weigh the same in the RM's update
+        rm["advantage"] = outcome_balanced(rm["advantage"], np.repeat(outcome, m), rm["kept"])
+    return policy, rm
 
 
 def _per_step_trajectory(

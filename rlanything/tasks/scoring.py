@@ -98,6 +98,7 @@ def compute_samples(
     policy_band: tuple,
     outcome_weight: float = 1.0,
     steps: pd.DataFrame | None = None,
+    rm_balance: bool = False,
 ) -> pd.DataFrame:
     """advantages.parquet rows from the trainable trajectories' outcomes and their judgments:
     the frame glue around `algo.samples.select_samples` (policy rows first, then RM rows). With
@@ -114,6 +115,7 @@ def compute_samples(
         policy_band=policy_band,
         outcome_weight=outcome_weight,
         steps=None if m else cols(steps, ("traj_id", "step_idx")),
+        rm_balance=rm_balance,
     )
     if not len(policy["traj_id"]):
         return pd.DataFrame(columns=ADVANTAGES.names)
@@ -196,6 +198,7 @@ def advantages(run_dir: str, iteration: int):
             policy_band=config.algo.policy_band,
             outcome_weight=config.algo.outcome_weight,
             steps=None if config.rm.judgments_per_step else read_artifact(layout, iteration, "rollouts"),
+            rm_balance=config.algo.rm_balance,
         )
     path = write_artifact(samples, layout, iteration, "advantages")
     pol, rm = samples[samples.kind == "policy"], samples[samples.kind == "rm"]

@@ -110,6 +110,36 @@ def test_select_samples_by_hand():
     assert rm["advantage"][[2, 3]] == pytest.approx([1 / s2, -1 / s2], abs=1e-12)
 
 
+def test_rm_balance_gives_solved_and_unsolved_episodes_equal_weight_by_hand():
+    # the by-hand case above: kept RM judgments (0,1) and (3,0) of won episodes (4), (1,0) of a
+    # lost one (2): n = 6, weights 6 / (2 * 4) = 0.75 and 6 / (2 * 2) = 1.5
+    rows = [(0, 0, 0, 1), (0, 0, 1, 1), (0, 1, 0, 1), (0, 1, 1, -1), (1, 0, 0, -1), (1, 0, 1, 0)]
+    rows += [(2, 0, 0, 1), (2, 0, 1, 1), (3, 0, 0, 1), (3, 0, 1, -1)]
+    traj = trajectories([0, 1, 2, 3], ["a", "a", "b", "a"], [1, -1, -1, 1])
+    args = dict(m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8))
+    plain_pol, plain = select_samples(judgments(rows), traj, **args)
+    pol, rm = select_samples(judgments(rows), traj, **args, rm_balance=True)
+    z = 1 / (np.sqrt(2) + 1e-6)  # [1, -1] and [1.5, -2] both z-score to +-0.7071
+    assert plain["advantage"][[2, 3, 4, 5, 8, 9]] == pytest.approx([z, -z, z, -z, z, -z], abs=1e-6)
+    expected = [0.0, 0.0, 0.75 * z, -0.75 * z, 1.5 * z, -1.5 * z, 0.0, 0.0, 0.75 * z, -0.75 * z]
+    assert rm["advantage"] == pytest.approx(expected, abs=1e-6)
+    won = np.isin(rm["traj_id"], [0, 3]) & rm["kept"]
+    assert np.abs(rm["advantage"][won]).sum() == pytest.approx(np.abs(rm["advantage"][rm["kept"] & ~won]).sum())
+    assert rm["kept"].tolist() == plain["kept"].tolist()  # the same samples train, reweighted
+    assert pol["advantage"].tolist() == plain_pol["advantage"].tolist()  # the policy's are untouched
+
+
+def test_rm_balance_leaves_a_batch_with_one_outcome_alone():
+    rows = [(0, 0, 0, 1), (0, 0, 1, -1), (1, 0, 0, -1), (1, 0, 1, 1), (2, 0, 0, -1), (2, 0, 1, -1)]
+    traj = trajectories([0, 1, 2], ["a", "a", "a"], [-1, -1, 1])  # accuracy 1/3: in band
+    _, plain = select_samples(judgments(rows), traj, m=2, lam=0.0, band=(0.2, 0.8), policy_band=(0.2, 0.8))
+    _, rm = select_samples(
+        judgments(rows), traj, m=2, lam=0.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), rm_balance=True
+    )
+    assert rm["kept"].tolist() == [True] * 4 + [False] * 2  # the won episode's two -1s: zero_std
+    assert rm["advantage"].tolist() == plain["advantage"].tolist()
+
+
 def test_a_policy_sample_at_its_group_mean_is_dropped_whatever_the_float_noise():
     # one task, four one-step trajectories, m = 4, lam = 0.8: R = O + 0.8 * mean S
     #   traj 0: -1 + 0.8 * (-1/4) = -1.2;  traj 1: -1 + 0.8 * (-1) = -1.8
