@@ -20,10 +20,14 @@ config, overrides, seeds or arms under the same experiment name is refused. One 
 at a time runs an experiment (its folder's lock).
 
 Departures from the paper: every arm runs the same number of iterations (or wall time), on a
-small model; the policy-only arm still runs its frozen RM so that the RM's accuracy is measured in
-every arm (it pays for that in a wall-time budget: use --iterations for equal updates). The
-starting model's held-out evaluation is the same in every arm of a seed (same model, same
-problems, greedy), so it runs once per seed and its files are copied to the other arms.
+small model. The policy-only arm has no RM in the loop (`rm.judgments_per_step 0` where the RM is
+a judge: nothing is judged in training or evaluation, so under a wall-time budget it spends no
+time on verdicts that could not change it), and its RM columns are empty (n/a); the RM's accuracy
+at the start is the +RM arms' evaluation of the starting model. An RM that writes unit tests (rm.role
+unit_tests, where m = 0 is refused) stays in that arm, frozen. The starting model's held-out
+evaluation is the same in every arm of a seed whose evaluation judges alike (same model, same
+problems, greedy; the same RM judging, or none), so it runs once per seed and kind and its files
+are copied to the other arms of that kind.
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ from rlanything.tasks.cancellation import is_stop, stoppable
 class Arm:
     label: str
     overrides: tuple[str, ...]  # applied after the user's overrides
+    no_rm_judge: bool = False  # a judging RM (rm.role judge) leaves the loop: `NO_RM`
+
+
+NO_RM = "rm.judgments_per_step=0"  # no RM in the loop (config._check_no_rm: λ 0, frozen, no adaptation)
 
 
 # Every arm: the paper's loop has no reward-hacking fallback (the alarm is still logged).
@@ -61,8 +69,9 @@ PAPER = ("algo.rm_guard.outcome_only_when_flagged=false",)
 # The paper's ablation (policy-only vs +RM vs +RM+env, and step signals from the RM alone).
 ARMS: dict[str, Arm] = {
     "policy-only": Arm(
-        "policy only (outcome reward, λ = 0, RM frozen, no adaptation)",
+        "policy only (outcome reward, λ = 0, no RM judging, no adaptation)",
         ("algo.lam=0", "algo.outcome_weight=1", "rm.optim.frozen=true", "adapt.enabled=false", *PAPER),
+        no_rm_judge=True,
     ),
     "plus-rm": Arm(
         "+RM (λ = 1, RM trained, no adaptation)",
@@ -88,10 +97,13 @@ def experiment_dir(config: Config, name: str) -> Path:
 
 
 def arm_overrides(overrides: list[str], config: Config, name: str, arm: str, seed: int) -> list[str]:
-    """The overrides of one (arm, seed) run: the user's, the arm's, its name and seed, and an
-    evaluation after every iteration unless the config asks for one."""
+    """The overrides of one (arm, seed) run: the user's, the arm's (with `NO_RM` where the arm
+    leaves a judging RM out), its name and seed, and an evaluation after every iteration unless
+    the config asks for one."""
+    spec = ARMS[arm]
+    no_rm = [NO_RM] if spec.no_rm_judge and config.rm.role == "judge" else []  # unit_tests: m = 0 refused
     every = [] if config.eval.every else ["eval.every=1"]
-    return [*overrides, *ARMS[arm].overrides, f"run.name={name}-{arm}-s{seed}", f"run.seed={seed}", *every]
+    return [*overrides, *spec.overrides, *no_rm, f"run.name={name}-{arm}-s{seed}", f"run.seed={seed}", *every]
 
 
 def open_experiment(
@@ -136,8 +148,15 @@ def _train_arm(config_path: str, overrides: list[str], config: Config, iteration
         eval_flow(f"{config.run_dir}@{last}")
 
 
+def base_eval_kind(config: Config) -> int:
+    """What a run's evaluation of its starting model judges with: m RM verdicts per step, or 0
+    (eval.rm off, no RM in the loop, an RM that writes unit tests). Arms of one kind share it."""
+    return config.rm.judgments_per_step if config.eval.rm and config.rm.role == "judge" else 0
+
+
 def _share_base_eval(source: Path | None, run_dir: Path) -> None:
-    """Copy the seed's first arm's evaluation of the starting model (identical in every arm)."""
+    """Copy the evaluation of the starting model of the seed's first arm of this run's
+    `base_eval_kind` (identical in every such arm)."""
     target = eval_dir(run_dir, BASE)
     if source and (source / "summary.json").exists() and not (target / "summary.json").exists():
         shutil.copytree(source, target, dirs_exist_ok=True)
@@ -207,7 +226,7 @@ def _run_arms(
     config_path, overrides, iterations, budget_minutes = spec
     uri, logger = base.mlflow_uri, get_run_logger()
     for seed in seeds:
-        base_eval = None
+        base_evals: dict[int, Path] = {}  # base_eval_kind -> the first such arm's evaluation
         for arm in arms:
             stopping.check()
             run_overrides = arm_overrides(overrides, base, name, arm, seed)
@@ -217,12 +236,12 @@ def _run_arms(
             budget = json.dumps({"iterations": iterations, "budget_minutes": budget_minutes})
             if not marker.exists() or marker.read_text() != budget:  # new, or a new budget
                 logger.info("arm %s, seed %d: run %s", arm, seed, config.run_dir)
-                _share_base_eval(base_eval, config.run_dir)
+                _share_base_eval(base_evals.get(base_eval_kind(config)), config.run_dir)
                 layout = prepare_run(config)  # creates its MLflow run, to nest it before it starts
                 tags = {PARENT_TAG: parent, EXPERIMENT_TAG: name, ARM_TAG: arm, SEED_TAG: str(seed)}
                 tracking.set_tags(uri, layout.mlflow_run_id(), tags)
                 _train_arm(config_path, run_overrides, config, iterations, budget_minutes)
                 write_text(budget, marker)
-            base_eval = base_eval or eval_dir(config.run_dir, BASE)
+            base_evals.setdefault(base_eval_kind(config), eval_dir(config.run_dir, BASE))
             paths, metrics = write_comparison(folder, name, runs, arms, list(base.eval.splits))
     return paths, metrics

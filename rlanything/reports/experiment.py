@@ -13,6 +13,9 @@ Numbers in the table, per arm:
   steps) on the last iteration's training rollouts, the mean over seeds, and on the held-out
   episodes where the evaluation judged them;
 - accepted tasks: `adapt/accepted_total` at the last iteration, mean over seeds.
+An arm without an RM in the loop (the policy-only arm) has no RM measures: NaN, shown as n/a and
+neither drawn nor logged. The starting model's row takes each seed's evaluation from the first arm
+whose RM judged it, where one did.
 
 Plots (bare `Figure`s, Agg): held-out accuracy against iteration and against training wall time,
 integrated vs outcome-only (training-batch and held-out accuracy of the arms that differ only in
@@ -93,14 +96,24 @@ def _last_eval(heldout: pd.DataFrame) -> pd.DataFrame:
 BASE_ROW = ("base", "starting model (before training)")
 
 
+def _base_eval(heldout: pd.DataFrame) -> pd.DataFrame:
+    """One evaluation of the starting model per (seed, split): the first arm's whose RM judged
+    it, if any did (an arm without an RM in the loop has the same accuracies and no RM measures)."""
+    if heldout.empty:
+        return heldout
+    base = heldout[heldout.iteration < 0]
+    judged = base.rm_outcome_accuracy.notna() if "rm_outcome_accuracy" in base else False
+    base = base.assign(_judged=judged).sort_values("_judged", ascending=False, kind="stable")
+    return base.drop_duplicates(["seed", "split"]).drop(columns="_judged")
+
+
 def comparison_table(
     arms: dict[str, str], training: pd.DataFrame, heldout: pd.DataFrame, splits: list[str]
 ) -> pd.DataFrame:
     """One row for the starting model (arm "base": its evaluation, once per seed), then one per
     arm (in `arms` order; `arms`: name -> label) with the numbers of the module docstring;
     `strict_<split>`, `accuracy_<split>` are pooled dicts (`pooled_accuracy`)."""
-    last = _last_eval(heldout)
-    base = heldout[heldout.iteration < 0].drop_duplicates(["seed", "split"]) if len(heldout) else heldout
+    last, base = _last_eval(heldout), _base_eval(heldout)
     rows = [{"arm": BASE_ROW[0], "label": BASE_ROW[1], "seeds": int(base.seed.nunique()) if len(base) else 0}]
     rows[0] |= {"iterations": 0, "training_min": 0.0, **_heldout_numbers(base, splits)}
     rows[0] |= {metric: math.nan for metric in TRAINING_METRICS[1:]}
@@ -163,7 +176,8 @@ def comparison_markdown(
         "",
         "Held-out: greedy, each run's last evaluated iteration; seeds pooled (successes and n summed, "
         "one Wilson interval). RM numbers: the last training iteration's rollouts (mean over seeds), "
-        "and the held-out episodes where the evaluation judged them. n/a: not measured (an environment "
+        "and the held-out episodes where the evaluation judged them (the starting model: by the first "
+        "arm whose RM judged). n/a: not measured (an arm without an RM in the loop; an environment "
         "without step labels has no process accuracy).",
         "",
         "## Every seed",

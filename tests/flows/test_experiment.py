@@ -3,13 +3,16 @@ real CLI, Prefect and MLflow, killed with SIGKILL after the first arm and run ag
 
 What must hold: the second process does not retrain the finished arm (its files keep their
 modification times and it is not started again), every arm ends as a normal run with its arm's
-config, the comparison table and the five figures exist, the MLflow parent run holds them and
-the arms' runs are nested under it, and a different spec under the same name is refused.
+config (the policy-only arm without its RM in the loop: no RM measure, n/a in the table; the
+others' RM judged, the starting model too), the comparison table and the five figures exist, the
+MLflow parent run holds them and the arms' runs are nested under it, and a different spec under
+the same name is refused.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -18,9 +21,10 @@ from pathlib import Path
 
 import yaml
 from mlflow.tracking import MlflowClient
-from test_resume import TINY, cli, cli_command, cli_options, finish  # helpers of the resume tests
+from test_resume import REPO, TINY, cli, cli_command, cli_options, finish  # helpers of the resume tests
 
-from rlanything.flows.experiment import ARMS, PARENT_TAG
+from rlanything.config import load_config
+from rlanything.flows.experiment import ARMS, NO_RM, PARENT_TAG, arm_overrides, base_eval_kind
 from rlanything.reports.experiment import FIGURES
 from rlanything.storage.layout import RunLayout
 
@@ -71,6 +75,7 @@ def test_ablation_killed_after_an_arm_resumes_and_compares(prefect_api_url, smal
 
     for arm, spec in ARMS.items():  # each arm is a normal run with its arm's settings
         config = yaml.safe_load((tmp_path / f"{NAME}-{arm}-s0" / "config.yaml").read_text())
+        assert config["rm"]["judgments_per_step"] == (0 if arm == "policy-only" else 3), arm  # tiny.yaml: 3
         for override in spec.overrides:
             key, value = override.split("=")
             node = config
@@ -78,15 +83,27 @@ def test_ablation_killed_after_an_arm_resumes_and_compares(prefect_api_url, smal
                 node = node[part]
             assert node == yaml.safe_load(value), (arm, key)
         assert (tmp_path / f"{NAME}-{arm}-s0" / "eval" / "iter_0000" / "summary.json").exists()
-        assert (tmp_path / f"{NAME}-{arm}-s0" / "eval" / "base" / "summary.json").exists()
+        base = json.loads((tmp_path / f"{NAME}-{arm}-s0" / "eval" / "base" / "summary.json").read_text())
+        in_domain = next(s for s in base["splits"] if s["split"] == "in_domain")
+        judged = in_domain.get("rm_outcome_accuracy")  # no copy of the policy-only arm's (RM-less) one
+        assert judged is None if arm == "policy-only" else 0 <= judged <= 1, (arm, in_domain)
 
     table = (folder / "comparison.md").read_text()
     for spec in ARMS.values():
         assert f"| {spec.label} | 1 | 1 |" in table
+    po_row = next(line for line in table.splitlines() if line.startswith(f"| {ARMS['policy-only'].label} |"))
+    cells = [c.strip() for c in po_row.strip("| ").split(" | ")]  # arm, seeds, iterations, min, 4 accuracies,
+    assert cells[8:13] == ["n/a"] * 5, po_row  # then the RM's: 3 on training rollouts, 2 held-out
     records = json.loads((folder / "comparison.json").read_text())
     assert [r["arm"] for r in records] == ["base", *ARMS]  # the starting model first
     assert all(r["strict_in_domain"]["n"] == 2 and r["strict_ood"]["n"] == 2 for r in records)
-    assert all(0 <= r["heldout_rm_outcome_accuracy_in_domain"] <= 1 for r in records)  # eval.rm: the RM judged
+    rm_columns = ("rm/outcome_accuracy", "heldout_rm_outcome_accuracy_in_domain", "heldout_rm_outcome_accuracy_ood")
+    for r in records:  # NaN is null in the JSON
+        if r["arm"] == "policy-only":  # no RM in the loop
+            assert all(r[c] is None for c in rm_columns), r
+        else:  # eval.rm: the RM judged (the starting model's: a judging arm's evaluation)
+            assert all(0 <= r[c] <= 1 for c in rm_columns[1:]), r
+            assert r["arm"] == "base" or 0 <= r["rm/outcome_accuracy"] <= 1, r
     for figure in FIGURES:
         assert (folder / f"{figure}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -98,7 +115,27 @@ def test_ablation_killed_after_an_arm_resumes_and_compares(prefect_api_url, smal
     assert parent.info.status == "FINISHED"
     logged = {a.path for a in mlf.list_artifacts(parent.info.run_id)}
     assert {"comparison.md", *(f"{f}.png" for f in FIGURES)} <= logged
-    assert parent.data.metrics  # the table's numbers
+    assert parent.data.metrics  # the table's numbers, every one a number (NaN: not logged)
+    assert "plus-rm/rm_outcome_accuracy" in parent.data.metrics
+    assert not [k for k in parent.data.metrics if k.startswith("policy-only/rm_")], parent.data.metrics
+    assert all(math.isfinite(v) for v in parent.data.metrics.values())
 
     refused = finish(cli(_args(tmp_path, small_overrides, seeds=2), prefect_api_url), timeout=300)
     assert "already exists" in refused and "different config, seeds" in refused, refused[-2000:]
+
+
+def test_arm_overrides_leave_a_judging_rm_out_of_the_policy_only_arm():
+    judge = load_config(TINY)
+    coding = load_config(str(REPO / "configs" / "tiny-coding.yaml"))
+    assert (judge.rm.role, coding.rm.role) == ("judge", "unit_tests")
+    for arm in ARMS:
+        overrides = arm_overrides(["eval.problems=2"], judge, "e", arm, 5)
+        assert overrides[0] == "eval.problems=2" and (NO_RM in overrides) == (arm == "policy-only"), arm
+        config = load_config(TINY, overrides)  # valid: m = 0 only with λ 0, a frozen RM, no adaptation
+        assert config.rm.judgments_per_step == (0 if arm == "policy-only" else 3), arm
+        assert base_eval_kind(config) == config.rm.judgments_per_step  # policy-only's base eval: a kind of its own
+        unjudged = load_config(TINY, [*overrides, "eval.rm=false"])
+        assert base_eval_kind(unjudged) == 0  # no arm's starting model judged: all one kind
+        tests = arm_overrides([], coding, "e", arm, 5)
+        assert NO_RM not in tests, arm  # unit tests: m = 0 is refused, the RM stays (frozen in policy-only)
+        assert base_eval_kind(load_config(str(REPO / "configs" / "tiny-coding.yaml"), tests)) == 0

@@ -50,20 +50,22 @@ def _run(root: Path, name: str, iterations: list[dict], evals: dict[str, tuple[i
 @pytest.fixture
 def runs(tmp_path) -> pd.DataFrame:
     rows = []
-    # policy-only: seeds 0, 1; no RM accuracy on held-out episodes; no adaptation
-    for seed, (strict, rm_acc) in enumerate([(0.2, 0.4), (0.4, 0.6)]):
-        its = [{"accuracy": 0.5, "rm/outcome_accuracy": 0.5}, {"accuracy": 0.6, "rm/outcome_accuracy": rm_acc}]
+    # policy-only: seeds 0, 1; no RM in the loop (no RM measure anywhere); no adaptation
+    for seed, strict in enumerate([0.2, 0.4]):
+        its = [{"accuracy": 0.5}, {"accuracy": 0.6}]
         evals = {"base": (-1, 0.0, [_split("in_domain", 10, 0.1, 0.3)]), "iter_0001": (1, 180.0, [])}
         evals["iter_0001"] = (1, 180.0, [_split("in_domain", 10, strict, strict + 0.1)])
         run = _run(tmp_path, f"po-s{seed}", its, evals)
         rows.append({"arm": "policy-only", "seed": seed, "run_dir": str(run)})
-    # +RM: seeds 0, 1 with accepted tasks, AUROC and the RM judged on held-out episodes
+    # +RM: seeds 0, 1 with accepted tasks, AUROC and the RM judged on held-out episodes, the
+    # starting model's too (the same accuracies as policy-only's evaluation of it)
     for seed, (strict, rm_acc, accepted, heldout_rm) in enumerate([(0.5, 0.6, 2, 0.5), (0.7, 0.8, 4, 0.75)]):
         its = [
             {"accuracy": 0.5, "rm/outcome_accuracy": 0.5, "adapt/accepted_total": 1},
             {"accuracy": 0.7, "rm/outcome_accuracy": rm_acc, "rm/outcome_auroc": 0.9, "adapt/accepted_total": accepted},
         ]
         evals = {"iter_0001": (1, 180.0, [_split("in_domain", 10, strict, strict, heldout_rm)])}
+        evals["base"] = (-1, 0.0, [_split("in_domain", 10, 0.1, 0.3, 0.4 + 0.2 * seed)])
         run = _run(tmp_path, f"rm-s{seed}", its, evals)
         rows.append({"arm": "plus-rm", "seed": seed, "run_dir": str(run)})
     return pd.DataFrame(rows)
@@ -80,9 +82,11 @@ def test_comparison_table_by_hand(runs):
     training, heldout = report.collect(runs)
     table = report.comparison_table(ARMS, training, heldout, ["in_domain"]).set_index("arm")
     po, rm, base = table.loc["policy-only"], table.loc["plus-rm"], table.loc["base"]
-    # the starting model: policy-only's base evaluations (0.1 strict, 0.3 with fallback of 10, per seed)
+    # the starting model: 0.1 strict, 0.3 with fallback of 10, per seed; its RM measures from +RM's
+    # evaluations (0.4, 0.6), the first arm whose RM judged it, not policy-only's (none)
     assert (base.seeds, base.iterations) == (2, 0) and list(table.index) == ["base", "policy-only", "plus-rm"]
     assert (base.strict_in_domain["successes"], base.accuracy_in_domain["successes"]) == (2, 6)
+    assert base.strict_in_domain["n"] == 20 and base.heldout_rm_outcome_accuracy_in_domain == pytest.approx(0.5)
     assert (po.seeds, po.iterations, po.training_min) == (2, 2, 3.0)
     # last evaluation, seeds pooled: (2 + 4) of 20 strict, (3 + 5) of 20 with fallback
     assert (po.strict_in_domain["successes"], po.strict_in_domain["n"]) == (6, 20)
@@ -90,7 +94,8 @@ def test_comparison_table_by_hand(runs):
     # +RM: 5 + 7 = 12 of 20 -> 0.6, Wilson 95% [0.3866, 0.7812] (z = 1.96)
     assert rm.strict_in_domain["rate"] == 0.6
     assert round(rm.strict_in_domain["ci_low"], 4) == 0.3866 and round(rm.strict_in_domain["ci_high"], 4) == 0.7812
-    assert po["rm/outcome_accuracy"] == pytest.approx(0.5)  # (0.4 + 0.6) / 2 at the last iteration
+    assert all(math.isnan(po[metric]) for metric in report.RM_ACCURACY)  # no RM in the loop
+    # (0.6 + 0.8) / 2 at the last iteration
     assert rm["rm/outcome_accuracy"] == pytest.approx(0.7) and rm["rm/outcome_auroc"] == pytest.approx(0.9)
     assert rm["adapt/accepted_total"] == 3.0 and math.isnan(po["adapt/accepted_total"])
     assert rm["heldout_rm_outcome_accuracy_in_domain"] == pytest.approx(0.625)
@@ -99,10 +104,14 @@ def test_comparison_table_by_hand(runs):
     text = report.comparison_markdown("ablation t", {}, table.reset_index(), heldout, ["in_domain"])
     assert "| +RM | 2 | 2 | 3.0 | 60.0% [38.7%, 78.1%] (n=20) |" in text
     assert "| 0.70 | 0.90 | n/a |" in text  # RM outcome acc, AUROC, process acc (not measured)
+    po_row = next(line for line in text.splitlines() if line.startswith("| policy only |"))
+    assert po_row.endswith("| n/a | n/a | n/a | n/a | n/a |")  # RM train x3, RM held-out, accepted tasks
     seeds = [line for line in text.splitlines() if line.startswith("| policy-only |") or line.startswith("| plus-rm |")]
     assert [line.split(" | ")[:3] for line in seeds][:2] == [["| policy-only", "0", "1"], ["| policy-only", "1", "1"]]
     metrics = report.table_metrics(table.reset_index(), ["in_domain"])
     assert metrics["plus-rm/heldout_in_domain_strict"] == 0.6 and "policy-only/adapt_accepted_total" not in metrics
+    assert metrics["plus-rm/rm_outcome_accuracy"] == pytest.approx(0.7)
+    assert not [k for k in metrics if k.startswith("policy-only/rm_")]  # NaN: not logged (MLflow takes numbers)
 
 
 def test_figures_draw_each_arm_where_it_was_measured(runs, tmp_path):
@@ -120,8 +129,8 @@ def test_figures_draw_each_arm_where_it_was_measured(runs, tmp_path):
     both = set(ARMS)
     assert arms_drawn("heldout_vs_iteration") == arms_drawn("heldout_vs_wall_time") == [both]
     assert arms_drawn("integrated_vs_outcome") == [both, both]  # training-batch and held-out accuracy
-    # outcome accuracy for both; AUROC only +RM measured; process accuracy nobody ("not measured")
-    assert arms_drawn("rm_accuracy") == [both, {"plus-rm"}, set()]
+    # outcome accuracy and AUROC: only +RM measured (policy-only has no RM); process accuracy nobody
+    assert arms_drawn("rm_accuracy") == [{"plus-rm"}, {"plus-rm"}, set()]
     assert arms_drawn("accepted_tasks") == [{"plus-rm"}]  # policy-only adapted no task
 
 
