@@ -19,8 +19,10 @@ whose RM judged it, where one did.
 
 Plots (bare `Figure`s, Agg): held-out accuracy against iteration and against training wall time,
 integrated vs outcome-only (training-batch and held-out accuracy of the arms that differ only in
-the policy's reward), the RM's accuracy over iterations and accepted tasks over iterations. Every
-point is a measurement of one run; nothing is smoothed or averaged in the curves.
+the policy's reward), the RM's accuracy over iterations on the training rollouts, the RM's
+held-out outcome AUROC (95% interval bars) beside the policy's held-out accuracy, and accepted
+tasks over iterations. Every point is a measurement of one run; nothing is smoothed or averaged in
+the curves.
 """
 
 from __future__ import annotations
@@ -36,12 +38,19 @@ from matplotlib.ticker import MaxNLocator
 
 from rlanything import metric_names as names
 from rlanything.algo.metrics import wilson_interval
-from rlanything.reports.eval import eval_history, pct, step_seconds
+from rlanything.reports.eval import auroc_text, eval_history, pct, step_seconds
 
 RM_ACCURACY = (names.RM_OUTCOME_ACCURACY, names.RM_OUTCOME_AUROC, names.RM_PROCESS_ACCURACY)  # rm_accuracy.png
 # Training metrics the comparison reads from iter_NNNN/summary.json (absent ones stay NaN).
 TRAINING_METRICS = (names.ACCURACY, *RM_ACCURACY, names.ADAPT_ACCEPTED_TOTAL)
-FIGURES = ("heldout_vs_iteration", "heldout_vs_wall_time", "integrated_vs_outcome", "rm_accuracy", "accepted_tasks")
+FIGURES = (
+    "heldout_vs_iteration",
+    "heldout_vs_wall_time",
+    "integrated_vs_outcome",
+    "rm_accuracy",
+    "heldout_rm",
+    "accepted_tasks",
+)
 
 
 def iteration_history(run_dir: Path) -> pd.DataFrame:
@@ -163,13 +172,15 @@ def comparison_markdown(
     head = ["arm", "seeds", "iterations", "training min"]
     head += [f"held-out {s} strict [95% CI]" for s in splits] + [f"held-out {s} with fallback" for s in splits]
     head += ["RM outcome acc (train)", "RM outcome AUROC (train)", "RM process acc (train)"]
-    head += [f"RM outcome acc (held-out {s})" for s in splits] + ["accepted tasks"]
+    head += [f"RM outcome acc (held-out {s})" for s in splits]
+    head += [f"RM outcome AUROC (held-out {s})" for s in splits] + ["accepted tasks"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table.to_dict("records"):
         cells = [r["label"], str(r["seeds"]), str(r["iterations"]), _num(r["training_min"], 1)]
         cells += [_ci(r[f"strict_{s}"]) for s in splits] + [_ci(r[f"accuracy_{s}"]) for s in splits]
         cells += [_num(r[metric]) for metric in RM_ACCURACY]
         cells += [_num(r[f"heldout_rm_outcome_accuracy_{s}"]) for s in splits]
+        cells += [_num(r[f"heldout_rm_outcome_auroc_{s}"]) for s in splits]
         cells += [_num(r[names.ADAPT_ACCEPTED_TOTAL], 1)]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
@@ -177,13 +188,14 @@ def comparison_markdown(
         "Held-out: greedy, each run's last evaluated iteration; seeds pooled (successes and n summed, "
         "one Wilson interval). RM numbers: the last training iteration's rollouts (mean over seeds), "
         "and the held-out episodes where the evaluation judged them (the starting model: by the first "
-        "arm whose RM judged). n/a: not measured (an arm without an RM in the loop; an environment "
-        "without step labels has no process accuracy).",
+        "arm whose RM judged; held-out AUROC: the mean over seeds, each seed's interval below). n/a: "
+        "not measured (an arm without an RM in the loop; an environment without step labels has no "
+        "process accuracy).",
         "",
         "## Every seed",
         "",
-        "| arm | seed | iteration | split | strict [95% CI] | with fallback [95% CI] | n |",
-        "|---|---|---|---|---|---|---|",
+        "| arm | seed | iteration | split | strict [95% CI] | with fallback [95% CI] | n | RM outcome AUROC [95% CI] |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     last = _last_eval(heldout)
     if len(last):
@@ -193,7 +205,7 @@ def comparison_markdown(
         strict = f"{pct(r.strict_accuracy)} [{pct(r.strict_ci_low)}, {pct(r.strict_ci_high)}]"
         lines.append(
             f"| {r.arm} | {r.seed} | {r.iteration} | {r.split} | {strict} | "
-            f"{pct(r.accuracy)} [{pct(r.ci_low)}, {pct(r.ci_high)}] | {int(r.n)} |"
+            f"{pct(r.accuracy)} [{pct(r.ci_low)}, {pct(r.ci_high)}] | {int(r.n)} | {auroc_text(r._asdict())} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -236,10 +248,38 @@ def heldout_figure(
     return fig
 
 
+def heldout_rm_figure(arms: dict[str, str], heldout: pd.DataFrame, split: str) -> Figure:
+    """The joint loop's two learners on held-out episodes of `split`: the policy's strict accuracy
+    (left) and the RM's outcome AUROC with its 95% bootstrap interval as bars (right; 0.5 is
+    chance) against iteration. An evaluation whose RM judged nothing has no AUROC point."""
+    fig = Figure(figsize=(12, 4.2), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    rows = heldout[heldout.split == split] if len(heldout) else heldout
+    if len(rows):
+        _lines(left, rows, "iteration", "strict_accuracy", arms)
+    measured = len(rows) and "rm_outcome_auroc" in rows and rows.rm_outcome_auroc.notna().any()
+    if measured:
+        _lines(right, rows, "iteration", "rm_outcome_auroc", arms)
+        for i, arm in enumerate(arms):
+            bars = rows[(rows.arm == arm) & rows.rm_outcome_auroc.notna()]
+            if len(bars) and "rm_outcome_auroc_low" in bars:
+                low = (bars.rm_outcome_auroc - bars.rm_outcome_auroc_low).to_numpy(dtype=float)
+                high = (bars.rm_outcome_auroc_high - bars.rm_outcome_auroc).to_numpy(dtype=float)
+                yerr = np.nan_to_num(np.stack([low, high]))  # no interval (too few of a class): no bar
+                right.errorbar(bars.iteration, bars.rm_outcome_auroc, yerr=yerr, fmt="none", ecolor=f"C{i}")
+        right.axhline(0.5, color="grey", linestyle=":", linewidth=1)
+    else:
+        right.text(0.5, 0.5, "not measured", ha="center", transform=right.transAxes)
+    left.set(title=f"held-out {split} strict accuracy (policy)", xlabel="iteration", ylim=(-0.02, 1.02))
+    title = f"held-out {split} RM outcome AUROC, 95% interval (0.5: chance)"
+    right.set(title=title, xlabel="iteration (-1: the starting model)", ylim=(-0.02, 1.02))
+    return fig
+
+
 def plot_figures(
     arms: dict[str, str], training: pd.DataFrame, heldout: pd.DataFrame, splits: list[str], out_dir: Path
 ) -> list[Path]:
-    """The five PNGs of `FIGURES` in `out_dir`; returns their paths."""
+    """The PNGs of `FIGURES` in `out_dir`; returns their paths."""
     paths = []
     shown = heldout[heldout.split.isin(splits)] if len(heldout) else heldout  # both accuracies
 
@@ -276,6 +316,7 @@ def plot_figures(
         if not len(training) or training[metric].isna().all():
             ax.text(0.5, 0.5, "not measured", ha="center", transform=ax.transAxes)
     save(fig, "rm_accuracy")
+    save(heldout_rm_figure(arms, shown, splits[0] if splits else ""), "heldout_rm")
 
     fig = Figure(figsize=(6, 4.2), layout="constrained")
     ax = fig.subplots()

@@ -19,7 +19,7 @@ ARMS = {"policy-only": "policy only", "plus-rm": "+RM"}
 ARM_COLOURS = [(31, 119, 180), (255, 127, 14)]  # matplotlib's C0, C1: the arms in order
 
 
-def _split(split: str, n: int, strict: float, accuracy: float, rm_acc: float | None = None) -> dict:
+def _split(split: str, n: int, strict: float, accuracy: float, rm_acc: float | None = None, auroc=None) -> dict:
     row = {
         "split": split,
         "env_kind": "reasoning_gym",
@@ -31,7 +31,11 @@ def _split(split: str, n: int, strict: float, accuracy: float, rm_acc: float | N
         "strict_ci_low": 0.0,
         "strict_ci_high": 1.0,
     }
-    return row | ({"rm_outcome_accuracy": rm_acc} if rm_acc is not None else {})
+    row |= {"rm_outcome_accuracy": rm_acc} if rm_acc is not None else {}
+    if auroc is not None:  # (AUROC, low, high, solved judged, unsolved judged)
+        keys = ("rm_outcome_auroc", "rm_outcome_auroc_low", "rm_outcome_auroc_high")
+        row |= dict(zip((*keys, "rm_solved_judged", "rm_unsolved_judged"), auroc))
+    return row
 
 
 def _run(root: Path, name: str, iterations: list[dict], evals: dict[str, tuple[int, float, list[dict]]]) -> Path:
@@ -64,8 +68,10 @@ def runs(tmp_path) -> pd.DataFrame:
             {"accuracy": 0.5, "rm/outcome_accuracy": 0.5, "adapt/accepted_total": 1},
             {"accuracy": 0.7, "rm/outcome_accuracy": rm_acc, "rm/outcome_auroc": 0.9, "adapt/accepted_total": accepted},
         ]
-        evals = {"iter_0001": (1, 180.0, [_split("in_domain", 10, strict, strict, heldout_rm)])}
-        evals["base"] = (-1, 0.0, [_split("in_domain", 10, 0.1, 0.3, 0.4 + 0.2 * seed)])
+        # held-out AUROC: seed 0 with its interval, seed 1 with too few solved episodes for one
+        auroc = [(0.7, 0.55, 0.85, 12, 20), (0.9, None, None, 3, 7)][seed]
+        evals = {"iter_0001": (1, 180.0, [_split("in_domain", 10, strict, strict, heldout_rm, auroc)])}
+        evals["base"] = (-1, 0.0, [_split("in_domain", 10, 0.1, 0.3, 0.4 + 0.2 * seed, (0.5, 0.4, 0.6, 12, 20))])
         run = _run(tmp_path, f"rm-s{seed}", its, evals)
         rows.append({"arm": "plus-rm", "seed": seed, "run_dir": str(run)})
     return pd.DataFrame(rows)
@@ -105,7 +111,13 @@ def test_comparison_table_by_hand(runs):
     assert "| +RM | 2 | 2 | 3.0 | 60.0% [38.7%, 78.1%] (n=20) |" in text
     assert "| 0.70 | 0.90 | n/a |" in text  # RM outcome acc, AUROC, process acc (not measured)
     po_row = next(line for line in text.splitlines() if line.startswith("| policy only |"))
-    assert po_row.endswith("| n/a | n/a | n/a | n/a | n/a |")  # RM train x3, RM held-out, accepted tasks
+    assert po_row.endswith("| n/a | n/a | n/a | n/a | n/a | n/a |")  # RM train x3, held-out acc, AUROC, accepted
+    assert "| 0.62 | 0.80 | 3.0 |" in text  # +RM held-out: outcome acc, AUROC (0.7 + 0.9) / 2, accepted tasks
+    rm_seeds = [line for line in text.splitlines() if line.startswith("| plus-rm |")]
+    assert rm_seeds[0].endswith("| 10 | 0.70 [0.55, 0.85] |")
+    assert rm_seeds[1].endswith("| 10 | 0.90 (too few: 3 solved, 7 unsolved) |")
+    po_seeds = [line for line in text.splitlines() if line.startswith("| policy-only |")]
+    assert len(po_seeds) == 2 and all(line.endswith("| n/a |") for line in po_seeds)  # never judged
     seeds = [line for line in text.splitlines() if line.startswith("| policy-only |") or line.startswith("| plus-rm |")]
     assert [line.split(" | ")[:3] for line in seeds][:2] == [["| policy-only", "0", "1"], ["| policy-only", "1", "1"]]
     metrics = report.table_metrics(table.reset_index(), ["in_domain"])
@@ -118,7 +130,7 @@ def test_figures_draw_each_arm_where_it_was_measured(runs, tmp_path):
     training, heldout = report.collect(runs)
     paths = report.plot_figures(ARMS, training, heldout, ["in_domain"], tmp_path)
     assert [p.name for p in paths] == [f"{name}.png" for name in report.FIGURES]
-    sizes = {"integrated_vs_outcome": ((960, 336), 2), "rm_accuracy": ((1200, 336), 3)}  # else (480, 336), 1 panel
+    sizes = {"integrated_vs_outcome": ((960, 336), 2), "rm_accuracy": ((1200, 336), 3), "heldout_rm": ((960, 336), 2)}
 
     def arms_drawn(name: str) -> list[set[str]]:
         """Per panel of the figure, the arms whose colour (C0, C1 in ARMS order) it shows."""
@@ -131,6 +143,7 @@ def test_figures_draw_each_arm_where_it_was_measured(runs, tmp_path):
     assert arms_drawn("integrated_vs_outcome") == [both, both]  # training-batch and held-out accuracy
     # outcome accuracy and AUROC: only +RM measured (policy-only has no RM); process accuracy nobody
     assert arms_drawn("rm_accuracy") == [{"plus-rm"}, {"plus-rm"}, set()]
+    assert arms_drawn("heldout_rm") == [both, {"plus-rm"}]  # policy accuracy; held-out AUROC where the RM judged
     assert arms_drawn("accepted_tasks") == [{"plus-rm"}]  # policy-only adapted no task
 
 
@@ -154,3 +167,18 @@ def test_heldout_figure_dashes_the_fallback_accuracy_only_where_it_differs(runs)
     fig = report.heldout_figure(ARMS, same, ["in_domain"], "iteration", 1.0, "iteration")
     assert {line.get_linestyle() for line in fig.axes[0].get_lines()} == {"-"}
     assert "dashed" not in fig.axes[0].get_title()
+
+
+def test_heldout_rm_figure_draws_the_auroc_interval_where_there_is_one(runs):
+    _, heldout = report.collect(runs)
+    fig = report.heldout_rm_figure(ARMS, heldout, "in_domain")
+    right = fig.axes[1]
+    # +RM seed 0: the starting model's 0.5 and iteration 1's 0.7; seed 1: 0.5 and 0.9
+    points = [list(line.get_ydata()) for line in right.get_lines() if line.get_linestyle() == "-"]
+    assert points == [[0.5, 0.7], [0.5, 0.9]]
+    # bars: 0.5 [0.4, 0.6], 0.7 [0.55, 0.85]; seed 1's iteration 1 (too few solved) gets none
+    segments = [seg for coll in right.collections for seg in coll.get_segments()]
+    spans = sorted((round(seg[0][1], 2), round(seg[1][1], 2)) for seg in segments)
+    assert spans == [(0.4, 0.6), (0.4, 0.6), (0.55, 0.85), (0.9, 0.9)]
+    none = report.heldout_rm_figure(ARMS, heldout.drop(columns="rm_outcome_auroc"), "in_domain")
+    assert [t.get_text() for t in none.axes[1].texts] == ["not measured"]
