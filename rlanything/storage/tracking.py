@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from filelock import FileLock
 from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 RUN_TAG = "rlanything.run_dir"
@@ -41,9 +43,18 @@ def ui_link(base: str, uri: str | None = None, run_id: str | None = None) -> str
 
 
 def client(uri: str) -> MlflowClient:
-    if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    return MlflowClient(tracking_uri=uri)
+    """A client of the store at `uri`. A SQLite store is opened under a file lock beside it: MLflow
+    creates a new store's tables in a migration, and two processes doing that at once (two runs
+    started together on a fresh run.root) fail with "table _alembic_tmp_experiments already
+    exists" (measured); the lock makes the second wait and then find the tables made."""
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(tracking_uri=uri)
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{db}.lock"):
+        mlf = MlflowClient(tracking_uri=uri)
+        mlf.search_experiments(max_results=1)  # opens (and on first use creates) the store now
+    return mlf
 
 
 def get_or_create_run(uri: str, experiment: str, artifact_root: Path, run_dir: Path, run_name: str) -> str:
@@ -52,7 +63,14 @@ def get_or_create_run(uri: str, experiment: str, artifact_root: Path, run_dir: P
     exp = mlf.get_experiment_by_name(experiment)
     if exp is None:
         # An explicit artifact location, else artifacts land in ./mlruns under the CWD.
-        exp_id = mlf.create_experiment(experiment, artifact_location=artifact_root.resolve().as_uri(), tags=KIND_TAG)
+        try:
+            exp_id = mlf.create_experiment(
+                experiment, artifact_location=artifact_root.resolve().as_uri(), tags=KIND_TAG
+            )
+        except MlflowException:  # another process made it since (two runs started together)
+            if (exp := mlf.get_experiment_by_name(experiment)) is None:
+                raise
+            exp_id = exp.experiment_id
     else:
         exp_id = exp.experiment_id
         if exp.tags.get(EXPERIMENT_KIND) is None:  # an experiment made before we tagged them
