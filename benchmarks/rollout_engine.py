@@ -41,7 +41,7 @@ from _common import TokensFed, header, matmul_ceiling, params_of  # noqa: E402
 
 from rlanything.algo.losses import token_logprobs  # noqa: E402
 from rlanything.models.engine import TransformersEngine  # noqa: E402
-from rlanything.models.generation import PrefixCache, left_pad  # noqa: E402
+from rlanything.models.generation import PrefixCache, finish, left_pad  # noqa: E402
 from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
 from rlanything.models.prompts import policy_messages, render  # noqa: E402
 
@@ -69,7 +69,8 @@ class Plain(TransformersEngine):
             torch.manual_seed(seed + b)
             seqs = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=config)
             for row, i in enumerate(idx):
-                results[i] = self._finish(seqs[row, ids.shape[1] :].tolist(), [0.0] * (seqs.shape[1] - ids.shape[1]))
+                new = seqs[row, ids.shape[1] :].tolist()
+                results[i] = finish(new, [0.0] * len(new), self.eos_ids, self.tokenizer)
         return results
 
 
@@ -97,7 +98,7 @@ class OutputLogits(TransformersEngine):
             new = out.sequences[:, ids.shape[1] :]
             logprobs = token_logprobs(torch.stack(out.logits, dim=1).float(), new, temperature)
             for row, i in enumerate(idx):
-                results[i] = self._finish(new[row].tolist(), logprobs[row].tolist())
+                results[i] = finish(new[row].tolist(), logprobs[row].tolist(), self.eos_ids, self.tokenizer)
         return results
 
 
