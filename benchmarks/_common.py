@@ -62,7 +62,10 @@ class TokensFed:
 
     def _count(self, module, args, kwargs) -> None:
         ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")  # mask: (B, cached + fed) columns
-        self.total += ids.numel() if mask is None else int(mask[:, -ids.shape[1] :].sum())
+        if mask is None or mask.dim() != 2:  # the engine's tree prefill passes a 4-D mask: every node counts
+            self.total += ids.numel()
+        else:
+            self.total += int(mask[:, -ids.shape[1] :].sum())
 
     def __enter__(self) -> TokensFed:
         self.hooks = [m.register_forward_pre_hook(self._count, with_kwargs=True) for m in self.models]

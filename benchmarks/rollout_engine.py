@@ -23,6 +23,14 @@ every prompt and generated token once) and `effective`, the workload's tokens (e
 generated token once: what `plain` has to run) over the engine's time.
 Also checks that `engine` samples the same tokens as `plain` and records the same log-probs as
 `logits` (so the speed-up is not bought with different numbers).
+
+    python benchmarks/rollout_engine.py --rollouts RUN/iter_0000/rollouts.parquet [--batch-sizes 32,64,128]
+        [--new-tokens 64] [--temperature 0.7]
+
+replays a real iteration's rollout prompts instead (their `prompt_ids`, e.g. from a run of
+`configs/smollm2-arith.yaml`): `plain` and `engine` at each batch size, same seeds. Printed per
+(engine, batch): seconds, forwards (prefills + decode steps), ms per forward, new tokens/s, the
+time ratio to `plain` at that batch, and the `effective` fraction of the fp32 ceiling.
 """
 
 from __future__ import annotations
@@ -142,14 +150,52 @@ def play(engines: dict, tokenizer, episodes: int, group: int, turns: int, new_to
     return {name: tuple(r) for name, r in results.items()}
 
 
+def replay(path: str, batch_sizes: list[int], new_tokens: int, temperature: float) -> None:
+    """Plain `generate` and the engine on the prompts of a rollouts.parquet, per batch size."""
+    import pandas as pd
+
+    prompts = [[int(t) for t in ids] for ids in pd.read_parquet(path, columns=["prompt_ids"]).prompt_ids]
+    header(f"rollout engine on {len(prompts)} prompts of {path}, up to {new_tokens} new tokens, T {temperature}")
+    model_dir = smollm2_model_dir()
+    tokenizer, model = load_tokenizer(model_dir), load_model(model_dir)
+    peak = matmul_ceiling(torch.float32) / (2 * params_of(model))  # tokens/s at the ceiling
+    prompt_tokens = sum(map(len, prompts))
+    print(
+        f"   {'engine':7s} {'batch':>5s} {'seconds':>8s} {'forwards':>9s} {'ms/fwd':>7s} {'new tok/s':>10s} "
+        f"{'time/plain':>11s} {'effective':>10s}"
+    )
+    for batch in batch_sizes:
+        base = None
+        for name, kind in (("plain", Plain), ("engine", TransformersEngine)):
+            engine, calls = kind(model, tokenizer, batch_size=batch), []
+            hook = model.register_forward_pre_hook(lambda *_, calls=calls: calls.append(1))
+            start = time.perf_counter()
+            gens = engine.generate(prompts, max_new_tokens=new_tokens, temperature=temperature, top_p=1.0, seed=7)
+            seconds = time.perf_counter() - start
+            hook.remove()
+            base = base or seconds
+            new = sum(len(g.token_ids) for g in gens)
+            print(
+                f"   {name:7s} {batch:5d} {seconds:8.1f} {len(calls):9d} {1000 * seconds / len(calls):7.0f} "
+                f"{new / seconds:10.1f} {seconds / base:11.2f} {(prompt_tokens + new) / seconds / peak:10.1%}"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=16)
     parser.add_argument("--group", type=int, default=4, help="episodes per task (G)")
     parser.add_argument("--turns", type=int, default=2)
-    parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--new-tokens", type=int, default=None, help="default 24; 64 with --rollouts")
     parser.add_argument("--bf16", action="store_true", help="also time the engine in bfloat16")
+    parser.add_argument("--rollouts", help="replay the prompts of this rollouts.parquet instead")
+    parser.add_argument("--batch-sizes", default="32,64,128", help="with --rollouts: batch sizes timed")
+    parser.add_argument("--temperature", type=float, default=0.7, help="with --rollouts")
     args = parser.parse_args()
+    if args.rollouts:
+        sizes = [int(b) for b in args.batch_sizes.split(",")]
+        return replay(args.rollouts, sizes, args.new_tokens or 64, args.temperature)
+    args.new_tokens = args.new_tokens or 24
     header(
         f"rollout engine: SmolLM2-135M, {args.episodes} episodes (G={args.group}) × {args.turns} turns × "
         f"{args.new_tokens} new tokens"
