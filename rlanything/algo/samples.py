@@ -109,8 +109,7 @@ def select_samples(
     >>> rm["reward"].tolist(), rm["kept"].tolist(), rm["drop_reason"].tolist()
     ([2.0, 2.0, -1.0, 1.0], [False, False, True, True], ['zero_std', 'zero_std', None, None])
 
-    With outcome_weight 0 (RM signal only) the policy's rewards are the mean verdicts 1 and 0;
-    the RM's rewards are unchanged.
+    With outcome_weight 0 (RM signal only) the policy's rewards are the mean verdicts, the RM's unchanged.
     >>> pol, rm = select_samples(
     ...     {"traj_id": np.array([0, 0, 1, 1]), "step_idx": np.zeros(4, int), "judge_idx": np.array([0, 1, 0, 1]),
     ...      "step_score": np.array([1, 1, 1, -1]), "parsed": np.ones(4, bool)},
@@ -119,12 +118,10 @@ def select_samples(
     >>> pol["reward"].tolist(), rm["reward"].tolist()
     ([1.0, 0.0], [2.0, 2.0, -1.0, 1.0])
 
-    `rm_balance`: the RM's kept advantages reweighted so that solved and unsolved episodes
-    carry equal total weight (`algo.advantages.outcome_balanced`); in the first example only the
-    lost episode's judgments are kept: one outcome, nothing to balance, nothing changes.
+    `rm_balance`: solved and unsolved episodes carry equal total weight in the RM's kept advantages
+    (`advantages.outcome_balanced`; the first example keeps one outcome's judgments: no change).
 
-    With m = 0 (no RM in the loop) the same two trajectories give rewards O = +-1, the same
-    z-scores, and no RM sample.
+    With m = 0 (no RM in the loop) the two trajectories give rewards O = +-1, the same z-scores, no RM sample.
     >>> none = {k: np.array([], int) for k in ("traj_id", "step_idx", "judge_idx", "step_score", "parsed")}
     >>> pol, rm = select_samples(
     ...     none, {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1])},

@@ -1,8 +1,9 @@
 """The MLflow experiment opens in MLflow's model-training view (it carries the kind tag), and a fresh
 store opened by several processes at once works for all of them."""
 
-import multiprocessing
-from pathlib import Path
+import subprocess
+import sys
+import time
 
 from mlflow import MlflowClient
 
@@ -32,26 +33,31 @@ def test_printed_links_open_the_model_training_view(tmp_path):
     )
 
 
-def _open_at_once(uri: str, barrier, index: int) -> None:
-    barrier.wait()  # every process opens the fresh store at the same moment
-    tracking.get_or_create_run(
-        uri, "together", Path(uri.removeprefix("sqlite:///")).parent / "art", Path(f"/r{index}"), "r"
-    )
+# A separate Python each, started together: imports done, every one waits for the go file, then
+# opens the store and makes its run (fresh interpreters: nothing inherited from the test process).
+CHILD = """
+import sys, time
+from pathlib import Path
+from rlanything.storage import tracking
+go, uri, index = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+(go.parent / f"ready-{index}").touch()
+while not go.exists():
+    time.sleep(0.001)
+tracking.get_or_create_run(uri, "together", go.parent / "art", Path(f"/r{index}"), "r")
+"""
 
 
 def test_runs_started_together_on_a_fresh_store_all_open_it(tmp_path):
     # Without the lock in tracking.client, MLflow's table-creating migration runs in each process
     # at once and all but one fail ("table _alembic_tmp_experiments already exists").
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    context = multiprocessing.get_context("fork")
-    barrier = context.Barrier(4)
-    workers = [context.Process(target=_open_at_once, args=(uri, barrier, i)) for i in range(4)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=120)
-    assert [worker.exitcode for worker in workers] == [0, 0, 0, 0]
-    runs = MlflowClient(tracking_uri=uri).search_runs(
-        [MlflowClient(tracking_uri=uri).get_experiment_by_name("together").experiment_id]
-    )
-    assert len(runs) == 4
+    uri, go = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "go"
+    args = [[sys.executable, "-c", CHILD, str(go), uri, str(i)] for i in range(4)]
+    children = [subprocess.Popen(a, stderr=subprocess.PIPE, text=True) for a in args]
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("ready-*"))) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    go.touch()
+    errors = [child.communicate(timeout=120)[1] for child in children]
+    assert [child.returncode for child in children] == [0, 0, 0, 0], errors
+    mlf = MlflowClient(tracking_uri=uri)
+    assert len(mlf.search_runs([mlf.get_experiment_by_name("together").experiment_id])) == 4
