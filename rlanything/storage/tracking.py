@@ -9,6 +9,7 @@ the run is resumed.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -43,18 +44,22 @@ def ui_link(base: str, uri: str | None = None, run_id: str | None = None) -> str
 
 
 def client(uri: str) -> MlflowClient:
-    """A client of the store at `uri`. A SQLite store is opened under a file lock beside it: MLflow
-    creates a new store's tables in a migration, and two processes doing that at once (two runs
-    started together on a fresh run.root) fail with "table _alembic_tmp_experiments already
-    exists" (measured); the lock makes the second wait and then find the tables made."""
-    if not uri.startswith("sqlite:///"):
-        return MlflowClient(tracking_uri=uri)
+    """A client of the store at `uri`; a SQLite store is opened first (`_open_sqlite`)."""
+    if uri.startswith("sqlite:///"):
+        _open_sqlite(uri)
+    return MlflowClient(tracking_uri=uri)
+
+
+@functools.cache  # once per process and store: afterwards MLflow's own store cache serves it
+def _open_sqlite(uri: str) -> None:
+    """Open (and on first use create) a SQLite store under a file lock beside it: MLflow creates a
+    new store's tables in a migration, and two processes doing that at once (two runs started
+    together on a fresh run.root) fail with "table _alembic_tmp_experiments already exists"
+    (measured); the lock makes the second wait and then find the tables made."""
     db = Path(uri.removeprefix("sqlite:///"))
     db.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{db}.lock"):
-        mlf = MlflowClient(tracking_uri=uri)
-        mlf.search_experiments(max_results=1)  # opens (and on first use creates) the store now
-    return mlf
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
 
 
 def get_or_create_run(uri: str, experiment: str, artifact_root: Path, run_dir: Path, run_name: str) -> str:
