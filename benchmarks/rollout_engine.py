@@ -25,12 +25,21 @@ Also checks that `engine` samples the same tokens as `plain` and records the sam
 `logits` (so the speed-up is not bought with different numbers).
 
     python benchmarks/rollout_engine.py --rollouts RUN/iter_0000/rollouts.parquet [--batch-sizes 32,64,128]
-        [--new-tokens 64] [--temperature 0.7]
+        [--new-tokens 64] [--temperature 0.7] [--openvino-ir DIR]
 
 replays a real iteration's rollout prompts instead (their `prompt_ids`, e.g. from a run of
-`configs/smollm2-arith.yaml`): `plain` and `engine` at each batch size, same seeds. Printed per
-(engine, batch): seconds, forwards (prefills + decode steps), ms per forward, new tokens/s, the
-time ratio to `plain` at that batch, and the `effective` fraction of the fp32 ceiling.
+`configs/smollm2-arith.yaml`): `plain` and `engine` at each batch size, same seeds, then the
+dedicated CPU engines of cpu_engines.py on the same prompt ids, max new tokens and temperature
+(top-p 1, no top-k), each with `pip install '.[cpu-engines]'` (skipped, saying so, if missing):
+  ct2        CTranslate2, the model converted to float32 (`generate_batch`, max_batch_size = batch)
+  ct2-int8   the same converted to int8 weights: NOT fp32
+  openvino   OpenVINO GenAI's ContinuousBatchingPipeline (at most `batch` sequences running) on
+             an fp32 IR compiled in f32 (f32 KV cache, no dynamic quantization); the IR is
+             exported by the optimum-cli beside RLANYTHING_OPTIMUM_PYTHON (a venv of its own with
+             optimum-intel) or given as --openvino-ir DIR, else the row is skipped
+Conversions, exports and compilations are timed and printed, not counted. Printed per (engine,
+batch): seconds, forwards (prefills + decode steps; "—" for the CPU engines), ms per forward, new
+tokens/s, the time ratio to `plain` at that batch, and the `effective` fraction of the fp32 ceiling.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,10 +56,11 @@ from transformers import GenerationConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import TokensFed, header, matmul_ceiling, params_of  # noqa: E402
+from cpu_engines import cpu_engines  # noqa: E402
 
 from rlanything.algo.losses import token_logprobs  # noqa: E402
 from rlanything.models.engine import TransformersEngine  # noqa: E402
-from rlanything.models.generation import PrefixCache, finish, left_pad  # noqa: E402
+from rlanything.models.generation import PrefixCache, eos_ids, finish, left_pad  # noqa: E402
 from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
 from rlanything.models.prompts import policy_messages, render  # noqa: E402
 
@@ -150,35 +161,80 @@ def play(engines: dict, tokenizer, episodes: int, group: int, turns: int, new_to
     return {name: tuple(r) for name, r in results.items()}
 
 
-def replay(path: str, batch_sizes: list[int], new_tokens: int, temperature: float) -> None:
-    """Plain `generate` and the engine on the prompts of a rollouts.parquet, per batch size."""
+def replay(path: str, batch_sizes: list[int], new_tokens: int, temperature: float, openvino_ir: str | None) -> None:
+    """Plain `generate`, the engine and the CPU engines (cpu_engines.py) on the prompts of a
+    rollouts.parquet, per batch size."""
     import pandas as pd
 
     prompts = [[int(t) for t in ids] for ids in pd.read_parquet(path, columns=["prompt_ids"]).prompt_ids]
     header(f"rollout engine on {len(prompts)} prompts of {path}, up to {new_tokens} new tokens, T {temperature}")
     model_dir = smollm2_model_dir()
     tokenizer, model = load_tokenizer(model_dir), load_model(model_dir)
-    peak = matmul_ceiling(torch.float32) / (2 * params_of(model))  # tokens/s at the ceiling
+    ceiling = matmul_ceiling(torch.float32)
+    peak = ceiling / (2 * params_of(model))  # tokens/s at the ceiling
+    print(f"   matmul ceiling fp32 {ceiling / 1e9:.0f} GFLOP/s")
     prompt_tokens = sum(map(len, prompts))
-    print(
-        f"   {'engine':7s} {'batch':>5s} {'seconds':>8s} {'forwards':>9s} {'ms/fwd':>7s} {'new tok/s':>10s} "
-        f"{'time/plain':>11s} {'effective':>10s}"
+    with tempfile.TemporaryDirectory(prefix="cpu-engines-") as work:
+        eos = eos_ids(model.generation_config.eos_token_id, tokenizer)
+        others = cpu_engines(Path(model_dir), Path(work), tokenizer, model.config, eos, openvino_ir)
+        print(
+            f"   {'engine':8s} {'batch':>5s} {'seconds':>8s} {'forwards':>9s} {'ms/fwd':>7s} {'new tok/s':>10s} "
+            f"{'time/plain':>11s} {'effective':>10s}"
+        )
+        for batch in batch_sizes:
+            base = None
+            for name in ("plain", "engine", *others):
+                if name in others:
+                    start, calls = time.perf_counter(), None
+                    gens = others[name].generate(prompts, batch, new_tokens, temperature, seed=7)
+                    seconds = time.perf_counter() - start
+                else:
+                    kind = Plain if name == "plain" else TransformersEngine
+                    gens, seconds, calls = run_hf(kind, model, tokenizer, prompts, batch, new_tokens, temperature)
+                base = base or seconds
+                new = sum(len(g.token_ids) for g in gens)
+                forwards = "—" if calls is None else f"{calls:d}"
+                per_forward = "—" if calls is None else f"{1000 * seconds / calls:.0f}"
+                print(
+                    f"   {name:8s} {batch:5d} {seconds:8.1f} {forwards:>9s} {per_forward:>7s} "
+                    f"{new / seconds:10.1f} {seconds / base:11.2f} {(prompt_tokens + new) / seconds / peak:10.1%}",
+                    flush=True,
+                )
+
+
+def run_hf(kind, model, tokenizer, prompts, batch: int, new_tokens: int, temperature: float):
+    """`kind`(model) (Plain or TransformersEngine) on the prompts -> (generations, seconds, forwards)."""
+    engine, calls = kind(model, tokenizer, batch_size=batch), []
+    hook = model.register_forward_pre_hook(lambda *_, calls=calls: calls.append(1))
+    start = time.perf_counter()
+    gens = engine.generate(prompts, max_new_tokens=new_tokens, temperature=temperature, top_p=1.0, seed=7)
+    seconds = time.perf_counter() - start
+    hook.remove()
+    return gens, seconds, len(calls)
+
+
+def start_vllm(engines: dict, path, tokenizer, args):
+    """A vLLM server on RLANYTHING_VLLM_PYTHON (start not timed), its engine added to `engines`
+    as vllm (vllm16 with --bf16) -> the server, or None if that python is not there."""
+    if not Path(os.environ["RLANYTHING_VLLM_PYTHON"]).is_file():
+        return None
+    from rlanything.config import VllmConfig
+    from rlanything.models.vllm_engine import VllmEngine, VllmServer
+
+    cfg = VllmConfig(
+        python=os.environ["RLANYTHING_VLLM_PYTHON"],
+        max_model_len=2048,
+        gpu_memory_utilization=1.0 if not torch.cuda.is_available() else 0.5,
+        extra_args=["--enforce-eager"] if not torch.cuda.is_available() else [],
+        env={"VLLM_CPU_KVCACHE_SPACE": "2"},
     )
-    for batch in batch_sizes:
-        base = None
-        for name, kind in (("plain", Plain), ("engine", TransformersEngine)):
-            engine, calls = kind(model, tokenizer, batch_size=batch), []
-            hook = model.register_forward_pre_hook(lambda *_, calls=calls: calls.append(1))
-            start = time.perf_counter()
-            gens = engine.generate(prompts, max_new_tokens=new_tokens, temperature=temperature, top_p=1.0, seed=7)
-            seconds = time.perf_counter() - start
-            hook.remove()
-            base = base or seconds
-            new = sum(len(g.token_ids) for g in gens)
-            print(
-                f"   {name:7s} {batch:5d} {seconds:8.1f} {len(calls):9d} {1000 * seconds / len(calls):7.0f} "
-                f"{new / seconds:10.1f} {seconds / base:11.2f} {(prompt_tokens + new) / seconds / peak:10.1%}"
-            )
+    start = time.perf_counter()
+    server = VllmServer(cfg, path, "bfloat16" if args.bf16 else "float32")
+    print(f"   vllm server ready in {time.perf_counter() - start:.0f} s (not counted)")
+    engines["vllm16" if args.bf16 else "vllm"] = VllmEngine(
+        server, tokenizer, engines["engine"].eos_ids, concurrency=args.episodes
+    )
+    return server
 
 
 def main() -> None:
@@ -191,10 +247,11 @@ def main() -> None:
     parser.add_argument("--rollouts", help="replay the prompts of this rollouts.parquet instead")
     parser.add_argument("--batch-sizes", default="32,64,128", help="with --rollouts: batch sizes timed")
     parser.add_argument("--temperature", type=float, default=0.7, help="with --rollouts")
+    parser.add_argument("--openvino-ir", help="with --rollouts: an fp32 OpenVINO IR folder to time")
     args = parser.parse_args()
     if args.rollouts:
         sizes = [int(b) for b in args.batch_sizes.split(",")]
-        return replay(args.rollouts, sizes, args.new_tokens or 64, args.temperature)
+        return replay(args.rollouts, sizes, args.new_tokens or 64, args.temperature, args.openvino_ir)
     args.new_tokens = args.new_tokens or 24
     header(
         f"rollout engine: SmolLM2-135M, {args.episodes} episodes (G={args.group}) × {args.turns} turns × "
@@ -211,24 +268,7 @@ def main() -> None:
     }
     if args.bf16:
         engines["engine16"] = TransformersEngine(load_model(path, "bfloat16"), tokenizer, batch_size=args.episodes)
-    server = None
-    if Path(os.environ.get("RLANYTHING_VLLM_PYTHON", "")).is_file():
-        from rlanything.config import VllmConfig
-        from rlanything.models.vllm_engine import VllmEngine, VllmServer
-
-        cfg = VllmConfig(
-            python=os.environ["RLANYTHING_VLLM_PYTHON"],
-            max_model_len=2048,
-            gpu_memory_utilization=1.0 if not torch.cuda.is_available() else 0.5,
-            extra_args=["--enforce-eager"] if not torch.cuda.is_available() else [],
-            env={"VLLM_CPU_KVCACHE_SPACE": "2"},
-        )
-        start = time.perf_counter()
-        server = VllmServer(cfg, path, "bfloat16" if args.bf16 else "float32")
-        print(f"   vllm server ready in {time.perf_counter() - start:.0f} s (not counted)")
-        engines["vllm16" if args.bf16 else "vllm"] = VllmEngine(
-            server, tokenizer, engines["engine"].eos_ids, concurrency=args.episodes
-        )
+    server = start_vllm(engines, path, tokenizer, args) if os.environ.get("RLANYTHING_VLLM_PYTHON") else None
 
     play({"plain": engines["plain"]}, tokenizer, args.episodes, args.group, 1, 4)  # warm-up (allocations, kernels)
     results = play(engines, tokenizer, args.episodes, args.group, args.turns, args.new_tokens)
