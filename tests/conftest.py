@@ -6,6 +6,7 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ["RLANYTHING_PROGRESS"] = "0"
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # as the CLI sets it: see rlanything/cli.py
 
 from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402

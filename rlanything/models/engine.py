@@ -14,20 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import psutil
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import DynamicLayer
 
 from rlanything import stopping
 from rlanything.algo.losses import token_logprobs
+from rlanything.models.decode import Decoder, full_attention, positions
 from rlanything.models.generation import Generation, PrefixCache, eos_ids, finish, left_pad
 from rlanything.models.packing import PrefixTree, pack, packed_response_logprobs, tree_inputs
-
-
-def positions(attn: torch.Tensor) -> torch.Tensor:
-    """attention_mask (B, L) -> position ids (B, L) as generate() computes them: each token's
-    count of real tokens before it, whatever padding (left, or masked gaps) lies between."""
-    return (attn.cumsum(-1) - 1).clamp(min=0)
 
 
 def last_logprobs(model, ids, attn, width: int, temperature: float, cache: DynamicCache | None = None) -> torch.Tensor:
@@ -116,13 +112,97 @@ class TransformersEngine:
         self.on_batch = on_batch or (lambda n: None)
         self.eos_ids = eos_ids(model.generation_config.eos_token_id, tokenizer)
         self.pad_id = tokenizer.pad_token_id
+        self.continuous = full_attention(model.config)  # sliding windows: model.generate
 
     def _batches(self, prompts: list[list[int]]) -> list[list[int]]:
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
 
+    def rows_at_once(self, longest: int) -> int:
+        """How many rows decode together: `batch_size`, fewer if their KV cache (each row
+        `longest` tokens) and logits would take more than a quarter of the free memory of the
+        model's device (`torch.cuda.mem_get_info`; on the CPU, psutil's available memory)."""
+        config = self.model.config
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        size = next(self.model.parameters()).element_size()
+        per_row = 2 * config.num_hidden_layers * heads * dim * size * longest + 16 * config.vocab_size
+        if self.model.device.type == "cuda":
+            free = torch.cuda.mem_get_info(self.model.device)[0]
+        else:
+            free = psutil.virtual_memory().available
+        return max(1, min(self.batch_size, int(free / 4 // per_row)))
+
     @torch.no_grad()
     def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed, prefix_cache=None):
+        """Continuous batching (`models.decode`): prompts join in order of length as rows end;
+        samples follow the decode module's seed rule (row i of the call: its own noise stream).
+        Models with sliding-window layers decode in fixed batches with `model.generate`."""
+        if not self.continuous:
+            return self._generate_fixed(prompts, max_new_tokens, temperature, top_p, seed, prefix_cache)
+        decoder = Decoder(self.model, self.eos_ids, max_new_tokens, temperature, top_p, seed)
+        pending = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        rows = self.rows_at_once(max(map(len, prompts)) + max_new_tokens)
+        results: list[Generation | None] = [None] * len(prompts)
+        kept = []  # this call's rows for the next call's prefix_cache (and its own later prompts)
+        while pending or decoder.live:
+            stopping.check()
+            free = rows - decoder.live
+            if pending and (free >= max(1, rows // 4) or not decoder.live):
+                take, pending = pending[:free], pending[free:]
+                ended = decoder.admit(take, *self._prefill([prompts[i] for i in take], prefix_cache, kept))
+            else:
+                ended = decoder.step()
+            for slot in ended:
+                row = decoder.rows[slot]
+                results[row.index] = finish(row.tokens, row.logprobs, self.eos_ids, self.tokenizer)
+                if prefix_cache is not None:
+                    kept += self._keep_row(decoder, slot, prompts[row.index] + row.tokens, kept)
+            self.on_batch(len(ended))
+        if prefix_cache is not None:
+            prefix_cache.rows = kept
+        return results
+
+    def _prefill(self, batch: list[list[int]], prefix_cache: PrefixCache | None, kept: list):
+        """-> (ids, attn, cache) for a batch of prompts joining the decode: the cache holds the KV of
+        the first columns, from rows kept by the last call or this one (`_reuse`) or from one
+        forward over the prompts' prefix trees (`_tree_prefill`), whichever feeds fewer tokens;
+        None where neither saves work."""
+        trees, groups = pack([p[:-1] for p in batch])  # the prefill the decode would run
+        tree_cost = len(trees) * max(len(t.tokens) for t in trees)
+        if prefix_cache is not None:  # rows of the last call and of this call's earlier rows
+            source = PrefixCache(prefix_cache.rows + kept)
+            match = source.match(batch)
+            # a batch fed on top of kept rows pads every row to the longest unmatched part:
+            # reuse only where that feeds fewer tokens than the tree prefill
+            rest = max(len(p) - k for p, (_, k) in zip(batch, match))
+            reused = self._reuse(batch, source, match) if len(batch) * rest < tree_cost else None
+            prefix_cache.prompt_tokens += sum(map(len, batch))
+            prefix_cache.reused_tokens += sum(k for _, k in match) if reused is not None else 0
+            if reused is not None:
+                cache, ids, attn = reused
+                return ids, attn, cache
+        ids, attn = left_pad(batch, self.pad_id)
+        ids, attn = ids.to(self.model.device), attn.to(self.model.device)
+        cache = None
+        if tree_cost < len(batch) * (ids.shape[1] - 1):  # some prefix repeats
+            cache = self._tree_prefill(trees, groups, ids.shape[1] - 1)
+        return ids, attn, cache
+
+    def _keep_row(self, decoder: Decoder, slot: int, tokens: list[int], kept: list) -> list:
+        """[(tokens, keys, values)] of an ended row for `PrefixCache.rows`, or [] past the
+        byte budget (`keep_bytes`, with the rows already kept). Its last sampled token was never
+        fed: the row keeps the tokens its KV covers."""
+        keys, values = decoder.row_kv(slot)
+        used = sum(k.nbytes + v.nbytes for _, k, v in kept)
+        if used + keys.nbytes + values.nbytes > self.keep_bytes:
+            return []
+        n = min(keys.shape[2], len(tokens))
+        return [(tokens[:n], keys[:, :, :n], values[:, :, :n])]
+
+    def _generate_fixed(self, prompts, max_new_tokens, temperature, top_p, seed, prefix_cache):
+        """Fixed batches through `model.generate` (sliding-window caches): `batch_size` prompts
+        at a time, `torch.manual_seed(seed + batch)`, no KV kept between calls."""
         # temperature 0 is greedy decoding (evaluation): argmax tokens, log-probs at temperature 1
         sampling = (
             dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
@@ -130,45 +210,17 @@ class TransformersEngine:
             else dict(do_sample=False)
         )
         config = GenerationConfig(
-            **sampling,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=self.pad_id,
-            eos_token_id=self.eos_ids,
+            **sampling, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id, eos_token_id=self.eos_ids
         )
         results: list[Generation | None] = [None] * len(prompts)
-        kept = []  # this call's rows for the next call's prefix_cache
         for b, idx in enumerate(self._batches(prompts)):
             stopping.check()
-            batch = [prompts[i] for i in idx]
-            trees, groups = pack([p[:-1] for p in batch])  # the prefill generate would run
-            tree_cost = len(trees) * max(len(t.tokens) for t in trees)
-            reused = None
-            if prefix_cache is not None:  # rows of the last call and of this call's earlier batches
-                source = PrefixCache(prefix_cache.rows + kept)
-                match = source.match(batch)
-                # a batch fed on top of kept rows pads every row to the longest unmatched part:
-                # reuse only where that feeds fewer tokens than the tree prefill
-                rest = max(len(p) - k for p, (_, k) in zip(batch, match))
-                if len(batch) * rest < tree_cost:
-                    reused = self._reuse(batch, source, match)
-                prefix_cache.prompt_tokens += sum(map(len, batch))
-                prefix_cache.reused_tokens += sum(k for _, k in match) if reused is not None else 0
-            if reused is not None:
-                cache, ids, attn = reused
-            else:
-                ids, attn = left_pad(batch, self.pad_id)
-                ids, attn = ids.to(self.model.device), attn.to(self.model.device)
-                cache = None
-                if tree_cost < len(batch) * (ids.shape[1] - 1):  # some prefix repeats
-                    cache = self._tree_prefill(trees, groups, ids.shape[1] - 1)
-                if cache is None and prefix_cache is not None:
-                    cache = DynamicCache(config=self.model.config)  # ours, so its KV can be kept
+            ids, attn = left_pad([prompts[i] for i in idx], self.pad_id)
             torch.manual_seed(seed + b)
             recorder = StepLogprobs(temperature if temperature > 0 else 1.0)
             sequences = self.model.generate(
-                input_ids=ids,
-                attention_mask=attn,
-                cache=cache,
+                input_ids=ids.to(self.model.device),
+                attention_mask=attn.to(self.model.device),
                 generation_config=config,
                 logits_processor=LogitsProcessorList([recorder]),
             )
@@ -176,12 +228,7 @@ class TransformersEngine:
             logprobs = recorder.finish(new)  # (B, S), from the logits that sampled each token
             for row, i in enumerate(idx):
                 results[i] = finish(new[row].tolist(), logprobs[row].tolist(), self.eos_ids, self.tokenizer)
-            if prefix_cache is not None:
-                budget = self.keep_bytes - sum(k.nbytes + v.nbytes for _, k, v in kept)
-                kept += self._keep(cache, sequences, attn, [prompts[i] + results[i].token_ids for i in idx], budget)
             self.on_batch(len(idx))
-        if prefix_cache is not None:
-            prefix_cache.rows = kept
         return results
 
     def _reuse(self, batch: list[list[int]], prefix_cache: PrefixCache, match: list[tuple[int, int]]):
@@ -214,31 +261,6 @@ class TransformersEngine:
         for layer in range(layers):
             cache.update(keys[layer], values[layer], layer)
         return cache, ids.to(self.model.device), attn.to(self.model.device)
-
-    @staticmethod
-    def _keep(
-        cache: DynamicCache, sequences: torch.Tensor, attn: torch.Tensor, tokens: list[list[int]], budget: float
-    ) -> list:
-        """Each row's KV after generate, without pad columns, for the next call: rows of
-        `PrefixCache`, as many as fit in `budget` bytes. `tokens`: each row's prompt + kept
-        generated tokens (not the pads after an EOS). Caches with other than full-attention
-        layers (sliding windows) are not kept."""
-        if budget <= 0 or not all(type(layer) is DynamicLayer for layer in cache.layers):
-            return []
-        length = cache.get_seq_length()  # the last sampled token was never fed
-        mask = torch.cat([attn, attn.new_ones(attn.shape[0], sequences.shape[1] - attn.shape[1])], 1)[:, :length]
-        first = cache.layers[0].keys  # (B, kv_heads, length, head_dim) per layer
-        per_token = 2 * len(cache.layers) * first.shape[1] * first.shape[3] * first.element_size()
-        rows = []
-        for n, row_tokens in enumerate(tokens):
-            cols = mask[n].nonzero().squeeze(-1)[: len(row_tokens)]
-            budget -= per_token * len(cols)
-            if budget < 0:
-                break
-            keys = torch.stack([layer.keys[n][:, cols] for layer in cache.layers])  # (layers, kv_heads, n, head_dim)
-            values = torch.stack([layer.values[n][:, cols] for layer in cache.layers])
-            rows.append((row_tokens[: len(cols)], keys, values))
-        return rows
 
     def _tree_prefill(self, trees: list[PrefixTree], groups: list[list[int]], width: int) -> DynamicCache | None:
         """KV cache of every prompt but its last token, each distinct prefix computed once, laid
