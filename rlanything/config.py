@@ -187,8 +187,10 @@ class ModelConfig(_Section):
     `cuda:N`. A vLLM server picks its GPUs itself (`vllm.env: {CUDA_VISIBLE_DEVICES: ...}`)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights dtype for generation and training (log-probs come from the same precision)."""
-    batch_size: int = Field(32, ge=1)
-    """Sequences generated together (transformers engine)."""
+    batch_size: int = Field(128, ge=1)
+    """Transformers engine: most sequences decoded together. Decoding batches continuously: a
+    sequence that ends leaves the batch and the next prompt takes its place. Fewer when their
+    KV cache and logits would take more than a quarter of the device's free memory."""
     kv_reuse_gb: float = Field(2.0, ge=0)
     """Transformers engine: GiB of KV cache (on the model's device) kept from one call to the
     next of a caller that extends its prompts: a rollout's next turn (history + reply + new

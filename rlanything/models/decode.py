@@ -31,6 +31,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from rlanything.models.generation import Choice
+
 
 class GrowingLayer(DynamicLayer):
     """A full-attention cache layer over preallocated buffers (B, kv_heads, capacity, head_dim):
@@ -118,10 +120,14 @@ class Row:
     """One prompt in flight: its place in the call, its noise, what it generated so far."""
 
     index: int
-    noise: torch.Tensor  # (max_new_tokens,) uniforms
+    noise: torch.Tensor  # (max_new_tokens + 1,) uniforms: one per sampled token, the last for a Choice
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     done: bool = False
+    sampled: int = 0  # tokens sampled freely (the rest were appended by a Choice)
+    stopped: bool = False  # an EOS ended the sampling
+    forced: list[int] | None = None  # a Choice's tokens still to append; None: sampling
+    choice: int | None = None
 
 
 def positions(attn: torch.Tensor) -> torch.Tensor:
@@ -136,9 +142,13 @@ class Decoder:
     with `row_kv` until the next call). Invariant: the cache holds `attn.shape[1]` columns and
     `feed` is each row's token not yet in it (its last sample)."""
 
-    def __init__(self, model, eos_ids: list[int], max_new_tokens: int, temperature: float, top_p: float, seed: int):
-        self.model, self.eos = model, set(eos_ids)
+    def __init__(self, model, eos_ids, max_new_tokens, temperature, top_p, seed, choice: Choice | None = None):
+        self.model, self.eos, self.choice = model, set(eos_ids), choice
         self.max_new, self.temperature, self.top_p, self.seed = max_new_tokens, temperature, top_p, seed
+        extra = (
+            0 if choice is None else len(choice.opener) + max(map(len, choice.options.values())) + len(choice.closer)
+        )
+        self.reserve = max_new_tokens + extra  # columns a row may still add
         self.rows: list[Row] = []
         self.cache: DynamicCache | None = None
         self.attn = torch.zeros(0, 0, dtype=torch.long, device=model.device)
@@ -164,7 +174,7 @@ class Decoder:
         ).logits[:, -1]
         first = len([r for r in self.rows if not r.done])
         self._rebuild([(layer.keys, layer.values) for layer in cache.layers], attn)
-        self.rows += [Row(i, uniforms(self.seed, i, self.max_new)) for i in indices]
+        self.rows += [self._row(i) for i in indices]
         self.feed = torch.cat([self.feed, self.feed.new_zeros(len(indices))])
         return self._sample(logits, list(range(first, first + len(indices))))
 
@@ -187,22 +197,53 @@ class Decoder:
         live = [s for s, r in enumerate(self.rows) if not r.done]
         return self._sample(logits[torch.tensor(live, device=logits.device)], live)
 
+    def _row(self, index: int) -> Row:
+        row = Row(index, uniforms(self.seed, index, self.max_new + 1))
+        if self.max_new == 0:  # a Choice right after the prompt
+            row.forced = list(self.choice.opener)
+        return row
+
     def _sample(self, logits: torch.Tensor, slots: list[int]) -> list[int]:
-        """Sample the next token of the rows in `slots` from their logits (len(slots), V)."""
+        """The next token of the rows in `slots` from their logits (len(slots), V): sampled, or
+        a `Choice`'s next token. -> the slots of rows that ended."""
         if not slots:
             return []
-        noise = torch.stack([self.rows[s].noise[len(self.rows[s].tokens)] for s in slots])
+        rows = [self.rows[s] for s in slots]
+        noise = torch.stack([r.noise[min(r.sampled, self.max_new)] for r in rows])
         tokens, logprobs = sample(logits, noise, self.temperature, self.top_p)
-        self.feed[torch.tensor(slots, device=logits.device)] = tokens
         ended = []
-        for s, token, logprob in zip(slots, tokens.tolist(), logprobs.tolist()):
-            row = self.rows[s]
+        for n, (slot, row, token, logprob) in enumerate(zip(slots, rows, tokens.tolist(), logprobs.tolist())):
+            forced = row.forced is not None  # this step appends a Choice's token
+            if not forced:
+                row.sampled += 1
+                if token in self.eos or row.sampled == self.max_new:
+                    row.stopped, row.done = token in self.eos, self.choice is None
+                    if not row.done:  # the Choice follows; an EOS gives way to its opener at once
+                        row.forced, forced = list(self.choice.opener), row.stopped
+                        row.sampled -= row.stopped
+            if forced:
+                token, logprob = self._forced(row, logits[n])
             row.tokens.append(token)
             row.logprobs.append(logprob)
-            if token in self.eos or len(row.tokens) == self.max_new:
-                row.done = True
-                ended.append(s)
+            self.feed[slot] = token
+            row.done = row.done or (row.choice is not None and not row.forced)
+            if row.done:
+                ended.append(slot)
         return ended
+
+    def _forced(self, row: Row, logits: torch.Tensor) -> tuple[int, float]:
+        """A Choice's next token for `row` and its log-prob under T, deciding the option right
+        after the opener: the first option whose cumulative renormalised probability (of its
+        first token) exceeds the row's last uniform; for {1, -1}: 1 iff u < p(1)."""
+        scaled = torch.log_softmax(logits.float() / (self.temperature or 1.0), -1)
+        if not row.forced and row.choice is None:
+            firsts = torch.stack([scaled[option[0]] for option in self.choice.options.values()])
+            cdf = torch.softmax(firsts, 0).cumsum(0)
+            pick = int(torch.searchsorted(cdf, row.noise[-1:].to(cdf), right=True).clamp(max=len(cdf) - 1))
+            row.choice = list(self.choice.options)[pick]
+            row.forced = list(self.choice.options[row.choice]) + list(self.choice.closer)
+        token = row.forced.pop(0)
+        return token, float(scaled[token])
 
     def row_kv(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The KV of a row's real columns: keys, values (layers, kv_heads, n, head_dim)."""
@@ -235,15 +276,19 @@ class Decoder:
         layers = []
         for n in range(len(parts[0][0])):
             like = parts[0][0][n][0]
-            keys = like.new_zeros(rows, like.shape[1], width + self.max_new, like.shape[3])
-            values = torch.zeros_like(keys)
+            # columns past `width` are written before they are read; masked pad columns are zeroed
+            # (never garbage: a masked NaN would still poison the attention's weighted sum)
+            keys = like.new_empty(rows, like.shape[1], width + self.reserve, like.shape[3])
+            values = torch.empty_like(keys)
             start = 0
             for kv, attn in parts:
                 end, cols = start + attn.shape[0], attn.shape[1]
+                keys[start:end, :, : width - cols] = 0
+                values[start:end, :, : width - cols] = 0
                 keys[start:end, :, width - cols : width] = kv[n][0]
                 values[start:end, :, width - cols : width] = kv[n][1]
                 self.attn[start:end, width - cols :] = attn
                 start = end
-            layers.append(GrowingLayer.of(keys, values, width, self.max_new))
+            layers.append(GrowingLayer.of(keys, values, width, self.reserve))
         self.cache = DynamicCache(config=self.model.config)
         self.cache.layers = layers

@@ -133,16 +133,24 @@ class TransformersEngine:
             free = psutil.virtual_memory().available
         return max(1, min(self.batch_size, int(free / 4 // per_row)))
 
+    @property
+    def decodes_choices(self) -> bool:
+        """Whether `generate` takes a `Choice` (not for sliding-window models)."""
+        return self.continuous
+
     @torch.no_grad()
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed, prefix_cache=None):
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed, prefix_cache=None, choice=None):
         """Continuous batching (`models.decode`): prompts join in order of length as rows end;
         samples follow the decode module's seed rule (row i of the call: its own noise stream).
-        Models with sliding-window layers decode in fixed batches with `model.generate`."""
+        `choice`: a `Choice` appended to every row in the same pass. Models with sliding-window
+        layers decode in fixed batches with `model.generate`."""
         if not self.continuous:
             return self._generate_fixed(prompts, max_new_tokens, temperature, top_p, seed, prefix_cache)
-        decoder = Decoder(self.model, self.eos_ids, max_new_tokens, temperature, top_p, seed)
+        if max_new_tokens == 0 and choice is None:
+            return [Generation([], [], "", "length") for _ in prompts]
+        decoder = Decoder(self.model, self.eos_ids, max_new_tokens, temperature, top_p, seed, choice)
         pending = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        rows = self.rows_at_once(max(map(len, prompts)) + max_new_tokens)
+        rows = self.rows_at_once(max(map(len, prompts)) + decoder.reserve)
         results: list[Generation | None] = [None] * len(prompts)
         kept = []  # this call's rows for the next call's prefix_cache (and its own later prompts)
         while pending or decoder.live:
@@ -155,7 +163,12 @@ class TransformersEngine:
                 ended = decoder.step()
             for slot in ended:
                 row = decoder.rows[slot]
-                results[row.index] = finish(row.tokens, row.logprobs, self.eos_ids, self.tokenizer)
+                if choice is None:
+                    results[row.index] = finish(row.tokens, row.logprobs, self.eos_ids, self.tokenizer)
+                else:
+                    text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+                    reason = "stop" if row.stopped else "length"
+                    results[row.index] = Generation(row.tokens, row.logprobs, text, reason, row.choice)
                 if prefix_cache is not None:
                     kept += self._keep_row(decoder, slot, prompts[row.index] + row.tokens, kept)
             self.on_batch(len(ended))

@@ -25,6 +25,22 @@ class Generation:
     logprobs: list[float]
     text: str
     finish_reason: str  # "stop" (hit EOS) | "length" (hit max_new_tokens) | an engine's own reason ("abort")
+    choice: int | None = None  # the option a `Choice` picked (engines that decode choices)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Fixed tokens to append to every generation, with one decision in them: `opener`, then one
+    of `options` (value -> tokens) drawn from the model's own probabilities of the options' first
+    tokens right after the opener (renormalised over the options; the first tokens must differ),
+    then `closer`. An EOS that ends the generation is replaced by the opener. The appended tokens
+    carry the model's log-probs like sampled ones. The constrained verdict (models/judge.py):
+    opener "\n\\boxed{", options {1: "1", -1: "-1"}, closer "}". Engines that can, decode it
+    in the same pass (`decodes_choices`); the judge scores both options afterwards otherwise."""
+
+    opener: list[int]
+    options: dict[int, list[int]]
+    closer: list[int]
 
 
 @dataclass

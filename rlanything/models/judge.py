@@ -8,7 +8,10 @@ Two verdict modes:
   probabilities of the token sequences "1" and "-1" (renormalised over the two), then `}`.
   The appended tokens are part of the response with the model's log-probs, so the RM update
   trains them like any other token; parse failures cannot happen. With no reasoning budget
-  (rm.max_new_tokens 0) the verdict follows the prompt directly: nothing is decoded.
+  (rm.max_new_tokens 0) the verdict follows the prompt directly. The transformers engine appends
+  the verdict in the generation pass itself (a `Choice`: an EOS gives way to "\\boxed{", the
+  option is drawn from the row's own noise stream); engines that cannot (vLLM) score both
+  options after the reasoning instead (`_constrained_verdicts`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import random
 from typing import Any
 
 from rlanything.algo.parsing import extract_last_boxed, parse_step_score
-from rlanything.models.generation import Generation, GenerationEngine, PrefixCache
+from rlanything.models.generation import Choice, Generation, GenerationEngine, PrefixCache
 from rlanything.models.prompts import judge_messages, render, unit_test_messages
 
 
@@ -43,10 +46,13 @@ def judge_steps(
         render(tokenizer, judge_messages(s["task"], s["history"], s["response"], s["observation"], hint)) for s in steps
     ]
     jobs = [(k, j) for k in range(len(steps)) for j in range(judgments_per_step)]
-    # later steps' prompts repeat earlier steps' history, and the constrained verdict scores
-    # prompt + reasoning again: the engine reuses their KV (engine.PrefixCache)
+    # later steps' prompts repeat earlier steps' history: the engine reuses their KV (PrefixCache)
     cache = prefix_cache if prefix_cache is not None else PrefixCache()
-    if max_new_tokens == 0 and verdict == "constrained":  # a direct verdict: nothing to decode
+    if verdict not in ("free", "constrained"):
+        raise ValueError(f"unknown verdict mode {verdict!r}")
+    choice = verdict_choice(tokenizer) if verdict == "constrained" else None
+    in_pass = choice is not None and getattr(engine, "decodes_choices", False)
+    if max_new_tokens == 0 and choice is not None and not in_pass:  # a direct verdict: nothing to decode
         gens = [Generation([], [], "", "length") for _ in jobs]
     else:
         gens = engine.generate(
@@ -56,13 +62,13 @@ def judge_steps(
             top_p=top_p,
             seed=seed,
             prefix_cache=cache,
+            **({"choice": choice} if in_pass else {}),
         )
-    if verdict == "constrained":
-        verdicts = _constrained_verdicts(
+    if choice is not None:  # decoded in the pass, or (no `decodes_choices`) scored afterwards
+        verdicts = [_decoded_verdict(tokenizer, gen, choice) for gen in gens] if in_pass else None
+        verdicts = verdicts or _constrained_verdicts(
             engine, tokenizer, [prompts[k][1] for k, _ in jobs], gens, temperature, seed, cache
         )
-    elif verdict != "free":
-        raise ValueError(f"unknown verdict mode {verdict!r}")
     rows = []
     for n, ((k, j), gen) in enumerate(zip(jobs, gens)):
         if verdict == "free":
@@ -130,15 +136,31 @@ def write_unit_tests(
     ]
 
 
-def _constrained_verdicts(
-    engine, tokenizer, prompts, gens, temperature: float, seed: int, cache: PrefixCache
-) -> list[tuple]:
-    """For each reasoning, sample ±1 from p("1") vs p("-1") after an appended "\\boxed{"."""
+def verdict_choice(tokenizer) -> Choice:
+    """The constrained verdict as a `Choice`: "\\n\\\\boxed{", then "1" or "-1", then "}"."""
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    opener, closer = encode("\n\\boxed{"), encode("}")
     options = {1: encode("1"), -1: encode("-1")}
     if options[1][0] == options[-1][0]:
         raise ValueError("constrained verdicts need '1' and '-1' to start with different tokens")
+    return Choice(encode("\n\\boxed{"), options, encode("}"))
+
+
+def _decoded_verdict(tokenizer, gen: Generation, choice: Choice) -> tuple:
+    """A verdict the engine decoded in the generation pass -> (reasoning text, response ids,
+    log-probs, score, raw box). gen.token_ids: the reasoning (its EOS given way to the opener),
+    then opener, option and closer."""
+    tail = len(choice.opener) + len(choice.options[gen.choice]) + len(choice.closer)
+    reasoning = tokenizer.decode(gen.token_ids[: len(gen.token_ids) - tail], skip_special_tokens=True)
+    return reasoning + "\n\\boxed{" + str(gen.choice) + "}", gen.token_ids, gen.logprobs, gen.choice, str(gen.choice)
+
+
+def _constrained_verdicts(
+    engine, tokenizer, prompts, gens, temperature: float, seed: int, cache: PrefixCache
+) -> list[tuple]:
+    """For each reasoning, sample ±1 from p("1") vs p("-1") after an appended "\\boxed{" (engines
+    that cannot decode a `Choice` in the generation pass: vLLM): both options scored afterwards."""
+    choice = verdict_choice(tokenizer)
+    opener, closer, options = choice.opener, choice.closer, choice.options
     reasoning_ids = [[t for t in g.token_ids if t not in engine.eos_ids] for g in gens]
     contexts, continuations = [], []
     for prompt, ids in zip(prompts, reasoning_ids):

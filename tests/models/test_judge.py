@@ -1,5 +1,7 @@
 """RM judging on a tiny random model, both verdict modes."""
 
+import math
+
 import pytest
 
 from rlanything.algo.parsing import parse_step_score
@@ -65,11 +67,7 @@ def test_constrained_verdicts_always_parse_and_are_trainable_tokens(engine, tiny
         assert scored[-4:] == pytest.approx(r["logprobs"][-4:], abs=1e-4)
 
 
-def test_a_direct_verdict_decodes_nothing_and_trains_only_the_verdict(engine, tiny_tokenizer, monkeypatch):
-    def no_decoding(*args, **kwargs):
-        raise AssertionError("a direct verdict must not decode")
-
-    monkeypatch.setattr(engine, "generate", no_decoding)
+def test_a_direct_verdict_samples_no_reasoning_and_trains_only_the_verdict(engine, tiny_tokenizer):
     rows = judge(engine, tiny_tokenizer, "constrained", max_new_tokens=0)
     encode = lambda text: tiny_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     opener_and_closer = len(encode("\n\\boxed{")) + len(encode("}"))
@@ -104,9 +102,30 @@ def test_unknown_mode_is_refused(engine, tiny_tokenizer):
         judge(engine, tiny_tokenizer, "lenient")
 
 
+class TwoPass(TransformersEngine):
+    """An engine that cannot decode a Choice (as vLLM): the judge scores both verdicts afterwards."""
+
+    decodes_choices = False
+
+
+def test_a_verdict_decoded_in_the_pass_needs_no_scoring_pass(engine, tiny_tokenizer, tokens_fed):
+    """In the pass, the judgments end on decoding steps (one token per row: the verdict's);
+    with two passes a scoring forward over several tokens per row follows."""
+    feeds = {}
+    for name, judge_engine in (("in", engine), ("two", TwoPass(engine.model, tiny_tokenizer, batch_size=4))):
+        with tokens_fed(engine.model) as fed:
+            judge(judge_engine, tiny_tokenizer, "constrained", seed=3)
+        feeds[name] = fed
+    verdict = len(tiny_tokenizer.encode("\n\\boxed{-1}", add_special_tokens=False))
+    assert all(n == rows for rows, n in feeds["in"][-verdict:])
+    assert feeds["two"][-1][1] >= 3 * feeds["two"][-1][0]
+    assert sum(n for _, n in feeds["in"]) < sum(n for _, n in feeds["two"])
+
+
 def test_constrained_verdicts_reuse_the_reasoning_kv_within_the_budget(engine, tiny_tokenizer, tokens_fed):
-    """The verdict is scored after prompt + reasoning: with the KV kept from generation only
-    the verdict tokens run again; without it (budget 0) everything runs; same verdicts either way."""
+    """Two passes (engines without `decodes_choices`): the verdict is scored after prompt +
+    reasoning: with the KV kept from generation only the verdict tokens run again; without it
+    (budget 0) everything runs; same verdicts either way."""
     config = engine.model.config
     per_token = (
         2
@@ -118,7 +137,7 @@ def test_constrained_verdicts_reuse_the_reasoning_kv_within_the_budget(engine, t
     partial = per_token * 2.5 * 150  # judge prompts + reasoning: ~110-160 tokens -> about 2 of 6 rows kept
     runs = {}
     for budget in (float("inf"), 0, partial):
-        limited = TransformersEngine(engine.model, tiny_tokenizer, batch_size=4, keep_bytes=budget)
+        limited = TwoPass(engine.model, tiny_tokenizer, batch_size=4, keep_bytes=budget)
         with tokens_fed(engine.model) as fed:
             rows = judge(limited, tiny_tokenizer, "constrained", seed=3)
         runs[budget] = (rows, max(n / r for r, n in fed[-2:]))  # the verdict scoring: tokens fed per row
@@ -151,3 +170,34 @@ def test_the_engine_keeps_rows_up_to_its_byte_budget(engine, tiny_tokenizer):
         assert len(cache.rows) == kept
         assert sum(k.nbytes + v.nbytes for _, k, v in cache.rows) <= budget
         assert all(k.shape[2] == len(t) >= 23 for t, k, _ in cache.rows)
+
+
+@pytest.mark.parametrize("max_new_tokens", [0, 8])
+def test_the_verdict_decoded_in_the_generation_pass_follows_the_models_probabilities(
+    engine, tiny_tokenizer, max_new_tokens
+):
+    """The engine appends the verdict while decoding (no second scoring pass): judgment n picks 1
+    iff its row's last uniform is below p("1") / (p("1") + p("-")) after prompt + reasoning +
+    "\\n\\\\boxed{", as a teacher-forced pass computes them; an EOS gave way to the opener."""
+    from rlanything.models.decode import uniforms
+    from rlanything.models.judge import verdict_choice
+
+    choice = verdict_choice(tiny_tokenizer)
+    rows = judge(engine, tiny_tokenizer, "constrained", seed=4, max_new_tokens=max_new_tokens)
+    picked = set()
+    for n, r in enumerate(rows):
+        tail = len(choice.opener) + len(choice.options[r["step_score"]]) + len(choice.closer)
+        reasoning = r["response_ids"][: len(r["response_ids"]) - tail]
+        assert len(reasoning) <= max_new_tokens and not set(reasoning) & set(engine.eos_ids)
+        assert r["response_ids"][len(reasoning) :] == choice.opener + choice.options[r["step_score"]] + choice.closer
+        context = r["prompt_ids"] + reasoning
+        first = [
+            engine.score([context], [choice.opener + choice.options[v]], temperature=0.8)[0][len(choice.opener)]
+            for v in (1, -1)
+        ]
+        p_one = math.exp(first[0]) / (math.exp(first[0]) + math.exp(first[1]))
+        u = float(uniforms(4, n, max_new_tokens + 1)[-1])
+        assert r["step_score"] == (1 if u < p_one else -1)
+        picked.add(r["step_score"])
+        scored = engine.score([r["prompt_ids"]], [r["response_ids"]], temperature=0.8)[0]
+        assert scored == pytest.approx(r["logprobs"], abs=1e-4)
