@@ -55,17 +55,20 @@ def header(title: str) -> None:
 class TokensFed:
     """`with TokensFed(model, ...) as fed:` counts in `fed.total` the non-pad tokens fed to the
     models' forwards (a prefill's prompt tokens, one per row per decode step): the work an engine
-    really ran, so a prompt prefix it reused from a cache is not counted."""
+    really ran, so a prompt prefix it reused from a cache is not counted. `fed.calls`: (rows,
+    tokens) per forward."""
 
     def __init__(self, *models):
-        self.models, self.total, self.hooks = models, 0, []
+        self.models, self.total, self.hooks, self.calls = models, 0, [], []
 
     def _count(self, module, args, kwargs) -> None:
         ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")  # mask: (B, cached + fed) columns
         if mask is None or mask.dim() != 2:  # the engine's tree prefill passes a 4-D mask: every node counts
-            self.total += ids.numel()
+            fed = ids.numel()
         else:
-            self.total += int(mask[:, -ids.shape[1] :].sum())
+            fed = int(mask[:, -ids.shape[1] :].sum())
+        self.total += fed
+        self.calls.append((ids.shape[0], fed))
 
     def __enter__(self) -> TokensFed:
         self.hooks = [m.register_forward_pre_hook(self._count, with_kwargs=True) for m in self.models]

@@ -14,6 +14,15 @@ Compared, in one process, on the same steps and seeds (interleaved, rotating ord
   reuse   the default: later steps reuse earlier steps' history, the verdict its reasoning
 Printed: seconds per round, the time ratio reuse/full, and the tokens each fed through the
 model (a forward hook: non-pad tokens of prefills and decode steps).
+
+    python benchmarks/rm_scoring.py --replay RUN/iter_0000 [--config configs/smollm2-arith-full.yaml]
+                                    [--batch-sizes 64,128]
+
+judges a real iteration's steps instead (its rollouts, episodes and outcomes, as the rm_score step
+reads them) with the config's RM settings, fp32, at each batch size: `in-pass`, the engine
+decoding the constrained verdict in the generation pass (the default), against `two-pass`, the
+verdict scored after the reasoning (what engines without `decodes_choices` do). Printed per
+(mode, batch): seconds, forwards, mean rows per forward, mean prompt and response tokens.
 """
 
 from __future__ import annotations
@@ -58,6 +67,59 @@ def episodes(trajectories: int, steps: int) -> list[dict]:
     return out
 
 
+class TwoPass(TransformersEngine):
+    """The engine as an engine that cannot decode a Choice: the judge scores both verdicts after."""
+
+    decodes_choices = False
+
+
+def replay(iteration_dir: str, config_path: str, batch_sizes: list[int]) -> None:
+    """Time judge_steps on a run's iteration (see the module docstring)."""
+    import pandas as pd
+
+    from rlanything.config import load_config
+    from rlanything.models.generation import PrefixCache
+    from rlanything.tasks.scoring import steps_to_judge
+
+    rm = load_config(config_path).rm
+    frames = (pd.read_parquet(Path(iteration_dir) / f"{n}.parquet") for n in ("rollouts", "episodes", "outcomes"))
+    steps = steps_to_judge(*frames)
+    header(
+        f"RM scoring replay: {len(steps)} steps of {iteration_dir} × m={rm.judgments_per_step}, {rm.verdict} verdict"
+    )
+    path = smollm2_model_dir()
+    tokenizer, model = load_tokenizer(path), load_model(path)
+    print(
+        f"   {'mode':9s} {'batch':>5s} {'seconds':>8s} {'forwards':>9s} {'rows/fwd':>9s} {'prompt':>7s} {'response':>9s}"
+    )
+    for batch in batch_sizes:
+        for name, kind in (("two-pass", TwoPass), ("in-pass", TransformersEngine)):
+            engine = kind(model, tokenizer, batch_size=batch, keep_bytes=rm.kv_reuse_gb * 2**30)
+            start = time.perf_counter()
+            with TokensFed(model) as counter:
+                rows = judge_steps(
+                    engine,
+                    tokenizer,
+                    steps,
+                    judgments_per_step=rm.judgments_per_step,
+                    verdict=rm.verdict,
+                    max_new_tokens=rm.max_new_tokens,
+                    temperature=rm.temperature,
+                    top_p=rm.top_p,
+                    seed=1,
+                    prefix_cache=PrefixCache(),
+                )
+            seconds = time.perf_counter() - start
+            forwards = len(counter.calls)
+            rows_per = sum(r for r, _ in counter.calls) / forwards
+            prompt = sum(len(r["prompt_ids"]) for r in rows) / len(rows)
+            response = sum(len(r["response_ids"]) for r in rows) / len(rows)
+            print(
+                f"   {name:9s} {batch:5d} {seconds:8.1f} {forwards:9d} {rows_per:9.1f} {prompt:7.0f} {response:9.1f}",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trajectories", type=int, default=8)
@@ -67,7 +129,12 @@ def main() -> None:
     parser.add_argument("--verdict", choices=["constrained", "free"], default="constrained")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--bf16", action="store_true", help="the RM in bfloat16")
+    parser.add_argument("--replay", help="judge this iteration folder's steps instead")
+    parser.add_argument("--config", default="configs/smollm2-arith-full.yaml", help="with --replay: RM settings")
+    parser.add_argument("--batch-sizes", default="64,128", help="with --replay")
     args = parser.parse_args()
+    if args.replay:
+        return replay(args.replay, args.config, [int(b) for b in args.batch_sizes.split(",")])
     dtype = "bfloat16" if args.bf16 else "float32"
     header(
         f"RM scoring: SmolLM2-135M {dtype}, {args.trajectories} episodes × {args.steps} steps × "

@@ -189,3 +189,18 @@ def test_finish_cuts_after_the_first_eos_and_keeps_an_engines_own_reason(tiny_to
     assert finish([5, 6], [-0.1, -0.2], eos, tiny_tokenizer).text == tiny_tokenizer.decode(
         [5, 6], skip_special_tokens=True
     )
+
+
+def test_sliding_window_models_decode_in_fixed_batches_with_the_same_logprobs(tiny_model_path, tiny_tokenizer):
+    """Caches with sliding-window layers cannot be rebuilt row by row: `model.generate` in fixed
+    batches (torch's seed per batch); log-probs still those of a teacher-forced pass."""
+    fixed = TransformersEngine(load_model(tiny_model_path), tiny_tokenizer, batch_size=2)
+    fixed.continuous = False  # what a sliding-window config sets (decode.full_attention)
+    assert not fixed.decodes_choices
+    ps = prompts(tiny_tokenizer)
+    gens = fixed.generate(ps, max_new_tokens=6, temperature=0.7, top_p=1.0, seed=2)
+    again = fixed.generate(ps, max_new_tokens=6, temperature=0.7, top_p=1.0, seed=2)
+    assert [g.token_ids for g in gens] == [g.token_ids for g in again]
+    scored = fixed.score(ps, [g.token_ids for g in gens], temperature=0.7)
+    for s, g in zip(scored, gens):
+        assert 1 <= len(g.token_ids) <= 6 and s == pytest.approx(g.logprobs, abs=1e-4)
