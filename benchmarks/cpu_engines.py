@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlanything.models.decode import kv_bytes_per_token
 from rlanything.models.generation import finish
 
 INSTALL = {"ctranslate2": "pip install ctranslate2", "openvino_genai": "pip install openvino-genai"}
@@ -127,9 +128,7 @@ class OpenVino:
         import openvino_genai as og
 
         self.ov, self.og, self.ir_dir, self.tokenizer, self.eos = ov, og, ir_dir, tokenizer, eos
-        c = model_config  # KV bytes per token in fp32: K and V, per layer and KV head
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        self.kv_bytes = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 4
+        self.kv_bytes = kv_bytes_per_token(model_config, 4)  # fp32
         self.properties = {**OV_PROPERTIES, "INFERENCE_NUM_THREADS": torch.get_num_threads()}
         self.batch, self.pipe = None, None  # one pipeline (and its KV cache) at a time
 

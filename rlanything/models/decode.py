@@ -81,6 +81,13 @@ def full_attention(config) -> bool:
     return all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers)
 
 
+def kv_bytes_per_token(config, element_size: int) -> int:
+    """Bytes of keys and values one token takes in a full-attention cache, all layers together."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * dim * element_size
+
+
 def uniforms(seed: int, index: int, n: int) -> torch.Tensor:
     """Row `index`'s sampling noise for a call with `seed`: n uniforms in [0, 1) (the seed rule)."""
     return torch.from_numpy(np.random.default_rng([seed % 2**63, index]).random(n))
@@ -172,7 +179,7 @@ class Decoder:
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1]
-        first = len([r for r in self.rows if not r.done])
+        first = self.live  # the new rows' first slot once ended rows are dropped
         self._rebuild([(layer.keys, layer.values) for layer in cache.layers], attn)
         self.rows += [self._row(i) for i in indices]
         self.feed = torch.cat([self.feed, self.feed.new_zeros(len(indices))])

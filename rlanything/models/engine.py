@@ -17,11 +17,10 @@ from collections.abc import Callable
 import psutil
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList
-from transformers.cache_utils import DynamicLayer
 
 from rlanything import stopping
 from rlanything.algo.losses import token_logprobs
-from rlanything.models.decode import Decoder, full_attention, positions
+from rlanything.models.decode import Decoder, full_attention, kv_bytes_per_token, positions
 from rlanything.models.generation import Generation, PrefixCache, eos_ids, finish, left_pad
 from rlanything.models.packing import PrefixTree, pack, packed_response_logprobs, tree_inputs
 
@@ -114,8 +113,13 @@ class TransformersEngine:
         self.pad_id = tokenizer.pad_token_id
         self.continuous = full_attention(model.config)  # sliding windows: model.generate
 
+    @staticmethod
+    def _by_length(prompts: list[list[int]]) -> list[int]:
+        """Prompt indices, shortest prompt first (less padding; later prompts reuse earlier KV)."""
+        return sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+
     def _batches(self, prompts: list[list[int]]) -> list[list[int]]:
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        order = self._by_length(prompts)
         return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
 
     def rows_at_once(self, longest: int) -> int:
@@ -123,10 +127,8 @@ class TransformersEngine:
         `longest` tokens) and logits would take more than a quarter of the free memory of the
         model's device (`torch.cuda.mem_get_info`; on the CPU, psutil's available memory)."""
         config = self.model.config
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         size = next(self.model.parameters()).element_size()
-        per_row = 2 * config.num_hidden_layers * heads * dim * size * longest + 16 * config.vocab_size
+        per_row = kv_bytes_per_token(config, size) * longest + 16 * config.vocab_size
         if self.model.device.type == "cuda":
             free = torch.cuda.mem_get_info(self.model.device)[0]
         else:
@@ -145,11 +147,11 @@ class TransformersEngine:
         `choice`: a `Choice` appended to every row in the same pass. Models with sliding-window
         layers decode in fixed batches with `model.generate`."""
         if not self.continuous:
-            return self._generate_fixed(prompts, max_new_tokens, temperature, top_p, seed, prefix_cache)
+            return self._generate_fixed(prompts, max_new_tokens, temperature, top_p, seed)
         if max_new_tokens == 0 and choice is None:
             return [Generation([], [], "", "length") for _ in prompts]
         decoder = Decoder(self.model, self.eos_ids, max_new_tokens, temperature, top_p, seed, choice)
-        pending = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        pending = self._by_length(prompts)
         rows = self.rows_at_once(max(map(len, prompts)) + decoder.reserve)
         results: list[Generation | None] = [None] * len(prompts)
         kept = []  # this call's rows for the next call's prefix_cache (and its own later prompts)
@@ -213,7 +215,7 @@ class TransformersEngine:
         n = min(keys.shape[2], len(tokens))
         return [(tokens[:n], keys[:, :, :n], values[:, :, :n])]
 
-    def _generate_fixed(self, prompts, max_new_tokens, temperature, top_p, seed, prefix_cache):
+    def _generate_fixed(self, prompts, max_new_tokens, temperature, top_p, seed):
         """Fixed batches through `model.generate` (sliding-window caches): `batch_size` prompts
         at a time, `torch.manual_seed(seed + batch)`, no KV kept between calls."""
         # temperature 0 is greedy decoding (evaluation): argmax tokens, log-probs at temperature 1
@@ -275,10 +277,10 @@ class TransformersEngine:
             cache.update(keys[layer], values[layer], layer)
         return cache, ids.to(self.model.device), attn.to(self.model.device)
 
-    def _tree_prefill(self, trees: list[PrefixTree], groups: list[list[int]], width: int) -> DynamicCache | None:
+    def _tree_prefill(self, trees: list[PrefixTree], groups: list[list[int]], width: int) -> DynamicCache:
         """KV cache of every prompt but its last token, each distinct prefix computed once, laid
-        out as left-padded rows (B, width columns): generate then feeds only the last prompt
-        token. -> None for caches with other than full-attention layers (sliding windows).
+        out as left-padded rows (B, width columns): the decoder's admission forward then feeds
+        only the last prompt token. Full-attention models only (the continuous path).
 
         The G rollouts of a problem and the m judgments of a step repeat their prompt, and all
         judge prompts share their instructions: a forward over the prompts' prefix trees
@@ -295,8 +297,6 @@ class TransformersEngine:
             use_cache=True,
             logits_to_keep=1,
         )
-        if not all(type(layer) is DynamicLayer for layer in packed.layers):
-            return None
         nodes = ids.shape[1]
         pad_node = len(trees) * nodes  # an all-zero node for the pad columns (masked)
         index = torch.full((sum(map(len, groups)), width), pad_node, dtype=torch.long)

@@ -46,6 +46,7 @@ def judge_steps(
         render(tokenizer, judge_messages(s["task"], s["history"], s["response"], s["observation"], hint)) for s in steps
     ]
     jobs = [(k, j) for k in range(len(steps)) for j in range(judgments_per_step)]
+    job_prompts = [prompts[k][1] for k, _ in jobs]
     # later steps' prompts repeat earlier steps' history: the engine reuses their KV (PrefixCache)
     cache = prefix_cache if prefix_cache is not None else PrefixCache()
     if verdict not in ("free", "constrained"):
@@ -56,7 +57,7 @@ def judge_steps(
         gens = [Generation([], [], "", "length") for _ in jobs]
     else:
         gens = engine.generate(
-            [prompts[k][1] for k, _ in jobs],
+            job_prompts,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_p=top_p,
@@ -64,11 +65,10 @@ def judge_steps(
             prefix_cache=cache,
             **({"choice": choice} if in_pass else {}),
         )
-    if choice is not None:  # decoded in the pass, or (no `decodes_choices`) scored afterwards
-        verdicts = [_decoded_verdict(tokenizer, gen, choice) for gen in gens] if in_pass else None
-        verdicts = verdicts or _constrained_verdicts(
-            engine, tokenizer, [prompts[k][1] for k, _ in jobs], gens, temperature, seed, cache
-        )
+    if in_pass:
+        verdicts = [_decoded_verdict(tokenizer, gen, choice) for gen in gens]
+    elif choice is not None:  # engines without `decodes_choices`: both options scored afterwards
+        verdicts = _constrained_verdicts(engine, tokenizer, choice, job_prompts, gens, temperature, seed, cache)
     rows = []
     for n, ((k, j), gen) in enumerate(zip(jobs, gens)):
         if verdict == "free":
@@ -151,15 +151,19 @@ def _decoded_verdict(tokenizer, gen: Generation, choice: Choice) -> tuple:
     then opener, option and closer."""
     tail = len(choice.opener) + len(choice.options[gen.choice]) + len(choice.closer)
     reasoning = tokenizer.decode(gen.token_ids[: len(gen.token_ids) - tail], skip_special_tokens=True)
-    return reasoning + "\n\\boxed{" + str(gen.choice) + "}", gen.token_ids, gen.logprobs, gen.choice, str(gen.choice)
+    return _verdict(reasoning, gen.token_ids, gen.logprobs, gen.choice)
+
+
+def _verdict(reasoning: str, response_ids: list[int], logprobs: list[float], score: int) -> tuple:
+    """-> (reasoning text ending in its verdict box, response ids, log-probs, score, raw box)."""
+    return reasoning + "\n\\boxed{" + str(score) + "}", response_ids, logprobs, score, str(score)
 
 
 def _constrained_verdicts(
-    engine, tokenizer, prompts, gens, temperature: float, seed: int, cache: PrefixCache
+    engine, tokenizer, choice: Choice, prompts, gens, temperature: float, seed: int, cache: PrefixCache
 ) -> list[tuple]:
     """For each reasoning, sample ±1 from p("1") vs p("-1") after an appended "\\boxed{" (engines
     that cannot decode a `Choice` in the generation pass: vLLM): both options scored afterwards."""
-    choice = verdict_choice(tokenizer)
     opener, closer, options = choice.opener, choice.closer, choice.options
     reasoning_ids = [[t for t in g.token_ids if t not in engine.eos_ids] for g in gens]
     contexts, continuations = [], []
@@ -181,5 +185,5 @@ def _constrained_verdicts(
         tail_lp = scored[2 * n + (score == -1)]
         reasoning = tokenizer.decode(ids, skip_special_tokens=True)
         logprobs = gen.logprobs[: len(ids)] + tail_lp
-        out.append((reasoning + "\n\\boxed{" + str(score) + "}", ids + tail, logprobs, score, str(score)))
+        out.append(_verdict(reasoning, ids + tail, logprobs, score))
     return out
