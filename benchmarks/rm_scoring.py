@@ -21,8 +21,9 @@ model (a forward hook: non-pad tokens of prefills and decode steps).
 judges a real iteration's steps instead (its rollouts, episodes and outcomes, as the rm_score step
 reads them) with the config's RM settings, fp32, at each batch size: `in-pass`, the engine
 decoding the constrained verdict in the generation pass (the default), against `two-pass`, the
-verdict scored after the reasoning (what engines without `decodes_choices` do). Printed per
-(mode, batch): seconds, forwards, mean rows per forward, mean prompt and response tokens.
+verdict scored after the reasoning (what engines without `decodes_choices` do), and `in-rows`,
+the default with the judge prompts' shared beginning copied into every row's cache instead of
+held once (models/prefix_attention.py). Printed per (mode, batch): seconds, forwards, mean rows per forward, mean prompt and response tokens.
 """
 
 from __future__ import annotations
@@ -73,6 +74,13 @@ class TwoPass(TransformersEngine):
     decodes_choices = False
 
 
+class PrefixInRows(TransformersEngine):
+    """The default engine without a SharedPrefix: every row's cache holds its whole prompt."""
+
+    def _shared_prefix(self, prompts):
+        return None
+
+
 def replay(iteration_dir: str, config_path: str, batch_sizes: list[int]) -> None:
     """Time judge_steps on a run's iteration (see the module docstring)."""
     import pandas as pd
@@ -93,7 +101,7 @@ def replay(iteration_dir: str, config_path: str, batch_sizes: list[int]) -> None
         f"   {'mode':9s} {'batch':>5s} {'seconds':>8s} {'forwards':>9s} {'rows/fwd':>9s} {'prompt':>7s} {'response':>9s}"
     )
     for batch in batch_sizes:
-        for name, kind in (("two-pass", TwoPass), ("in-pass", TransformersEngine)):
+        for name, kind in (("two-pass", TwoPass), ("in-rows", PrefixInRows), ("in-pass", TransformersEngine)):
             engine = kind(model, tokenizer, batch_size=batch, keep_bytes=rm.kv_reuse_gb * 2**30)
             start = time.perf_counter()
             with TokensFed(model) as counter:

@@ -32,6 +32,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from rlanything.models.generation import Choice
+from rlanything.models.prefix_attention import SharedPrefix
 
 
 class GrowingLayer(DynamicLayer):
@@ -147,10 +148,24 @@ class Decoder:
     """Up to any number of rows decoding together; `admit` adds rows, `step` decodes one token
     for every row, both return the slots of rows that just ended (their KV is still readable
     with `row_kv` until the next call). Invariant: the cache holds `attn.shape[1]` columns and
-    `feed` is each row's token not yet in it (its last sample)."""
+    `feed` is each row's token not yet in it (its last sample). With a `SharedPrefix` (a prompt
+    beginning every row shares, models/prefix_attention.py) the cache and `attn` hold only the
+    columns after it, position ids count it, and every forward attends to it."""
 
-    def __init__(self, model, eos_ids, max_new_tokens, temperature, top_p, seed, choice: Choice | None = None):
-        self.model, self.eos, self.choice = model, set(eos_ids), choice
+    def __init__(
+        self,
+        model,
+        eos_ids,
+        max_new_tokens,
+        temperature,
+        top_p,
+        seed,
+        choice: Choice | None = None,
+        prefix: SharedPrefix | None = None,
+    ):
+        self.model, self.eos, self.choice, self.prefix = model, set(eos_ids), choice, prefix
+        self.offset = prefix.length if prefix is not None else 0  # positions before the cache
+        self.prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None  # for row_kv
         self.max_new, self.temperature, self.top_p, self.seed = max_new_tokens, temperature, top_p, seed
         extra = (
             0 if choice is None else len(choice.opener) + max(map(len, choice.options.values())) + len(choice.closer)
@@ -171,14 +186,7 @@ class Decoder:
         first token; the rows join the batch (ended rows leave it)."""
         cache = cache if cache is not None else DynamicCache(config=self.model.config)
         start = cache.get_seq_length()
-        logits = self.model(
-            input_ids=ids[:, start:],
-            attention_mask=attn,
-            position_ids=positions(attn)[:, start:],
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1]
+        logits = self._forward(ids[:, start:], attn, positions(attn)[:, start:], cache)
         first = self.live  # the new rows' first slot once ended rows are dropped
         self._rebuild([(layer.keys, layer.values) for layer in cache.layers], attn)
         self.rows += [self._row(i) for i in indices]
@@ -192,17 +200,28 @@ class Decoder:
         if ended and (8 * ended >= len(self.rows)):
             self._rebuild(None, None)
         attn = torch.cat([self.attn, self.attn.new_ones(len(self.rows), 1)], 1)
-        logits = self.model(
-            input_ids=self.feed[:, None],
-            attention_mask=attn,
-            position_ids=self.attn.sum(-1, keepdim=True),
-            cache=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1]
+        logits = self._forward(self.feed[:, None], attn, self.attn.sum(-1, keepdim=True), self.cache)
         self.attn = attn
         live = [s for s, r in enumerate(self.rows) if not r.done]
-        return self._sample(logits[torch.tensor(live, device=logits.device)], live)
+        if len(live) < len(self.rows):
+            logits = logits[torch.tensor(live, device=logits.device)]
+        return self._sample(logits, live)
+
+    def _forward(self, ids, attn, position_ids, cache) -> torch.Tensor:
+        """Logits (B, V) of each row's last fed token; the cache grows by ids' columns."""
+        shared = {} if self.prefix is None else {"shared_prefix": self.prefix}
+        logits = self.model(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=position_ids + self.offset,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **shared,
+        ).logits[:, -1]
+        if self.prefix is not None:
+            self.prefix.check()
+        return logits
 
     def _row(self, index: int) -> Row:
         row = Row(index, uniforms(self.seed, index, self.max_new + 1))
@@ -253,11 +272,18 @@ class Decoder:
         return token, float(scaled[token])
 
     def row_kv(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The KV of a row's real columns: keys, values (layers, kv_heads, n, head_dim)."""
-        cols = self.attn[slot].nonzero().squeeze(-1)
+        """The KV of a row's real columns, the shared prefix's first: keys, values (layers,
+        kv_heads, n, head_dim)."""
+        real = self.attn[slot].nonzero().squeeze(-1)
+        first = int(real[0])  # left padding ends here; masked gaps may follow (reused KV)
+        cols = slice(first, None) if len(real) == self.attn.shape[1] - first else real
         keys = torch.stack([layer.keys[slot][:, cols] for layer in self.cache.layers])
         values = torch.stack([layer.values[slot][:, cols] for layer in self.cache.layers])
-        return keys, values
+        if self.prefix is None:
+            return keys, values
+        if self.prefix_kv is None:  # stacked once per call: (layers, kv_heads, P, head_dim)
+            self.prefix_kv = torch.stack(self.prefix.keys), torch.stack(self.prefix.values)
+        return torch.cat([self.prefix_kv[0], keys], 2), torch.cat([self.prefix_kv[1], values], 2)
 
     def _rebuild(self, new: list[tuple[torch.Tensor, torch.Tensor]] | None, new_attn: torch.Tensor | None) -> None:
         """Drop ended rows and append `new` rows (their per-layer KV and mask), right-aligned in

@@ -23,6 +23,9 @@ from rlanything.algo.losses import token_logprobs
 from rlanything.models.decode import Decoder, full_attention, kv_bytes_per_token, positions
 from rlanything.models.generation import Generation, PrefixCache, eos_ids, finish, left_pad
 from rlanything.models.packing import PrefixTree, pack, packed_response_logprobs, tree_inputs
+from rlanything.models.prefix_attention import SharedPrefix, shared_prefix_attention
+
+MIN_SHARED = 8  # a call's prompts sharing fewer leading tokens decode without a SharedPrefix
 
 
 def last_logprobs(model, ids, attn, width: int, temperature: float, cache: DynamicCache | None = None) -> torch.Tensor:
@@ -150,9 +153,15 @@ class TransformersEngine:
             return self._generate_fixed(prompts, max_new_tokens, temperature, top_p, seed)
         if max_new_tokens == 0 and choice is None:
             return [Generation([], [], "", "length") for _ in prompts]
-        decoder = Decoder(self.model, self.eos_ids, max_new_tokens, temperature, top_p, seed, choice)
+        with shared_prefix_attention(self.model) as shares:
+            prefix = self._shared_prefix(prompts) if shares else None
+            decoder = Decoder(self.model, self.eos_ids, max_new_tokens, temperature, top_p, seed, choice, prefix)
+            return self._decode(decoder, prompts, prefix_cache, choice)
+
+    def _decode(self, decoder: Decoder, prompts, prefix_cache, choice):
+        """`generate`'s loop: admit prompts as rows free up, step, collect the ended rows."""
         pending = self._by_length(prompts)
-        rows = self.rows_at_once(max(map(len, prompts)) + decoder.reserve)
+        rows = self.rows_at_once(max(map(len, prompts)) - decoder.offset + decoder.reserve)
         results: list[Generation | None] = [None] * len(prompts)
         kept = []  # this call's rows for the next call's prefix_cache (and its own later prompts)
         while pending or decoder.live:
@@ -160,7 +169,8 @@ class TransformersEngine:
             free = rows - decoder.live
             if pending and (free >= max(1, rows // 4) or not decoder.live):
                 take, pending = pending[:free], pending[free:]
-                ended = decoder.admit(take, *self._prefill([prompts[i] for i in take], prefix_cache, kept))
+                batch = [prompts[i] for i in take]
+                ended = decoder.admit(take, *self._prefill(batch, prefix_cache, kept, decoder.prefix))
             else:
                 ended = decoder.step()
             for slot in ended:
@@ -178,30 +188,45 @@ class TransformersEngine:
             prefix_cache.rows = kept
         return results
 
-    def _prefill(self, batch: list[list[int]], prefix_cache: PrefixCache | None, kept: list):
-        """-> (ids, attn, cache) for a batch of prompts joining the decode: the cache holds the KV of
-        the first columns, from rows kept by the last call or this one (`_reuse`) or from one
-        forward over the prompts' prefix trees (`_tree_prefill`), whichever feeds fewer tokens;
-        None where neither saves work."""
-        trees, groups = pack([p[:-1] for p in batch])  # the prefill the decode would run
+    def _shared_prefix(self, prompts: list[list[int]]) -> SharedPrefix | None:
+        """The KV of the leading tokens all prompts share (all but one token of the shortest),
+        from one forward over them; None if fewer than MIN_SHARED."""
+        shortest = min(prompts, key=len)
+        n = 0
+        while n < len(shortest) - 1 and all(p[n] == shortest[n] for p in prompts):
+            n += 1
+        if n < MIN_SHARED:
+            return None
+        cache = DynamicCache(config=self.model.config)
+        ids = torch.tensor([shortest[:n]], device=self.model.device)
+        self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        return SharedPrefix([layer.keys[0] for layer in cache.layers], [layer.values[0] for layer in cache.layers])
+
+    def _prefill(self, batch: list[list[int]], prefix_cache: PrefixCache | None, kept: list, prefix=None):
+        """-> (ids, attn, cache) for a batch of prompts joining the decode, past the `prefix`
+        (SharedPrefix) if any: the cache holds the KV of the first columns, from rows kept by the
+        last call or this one (`_reuse`) or from one forward over the prompts' prefix trees
+        (`_tree_prefill`), whichever feeds fewer tokens; None where neither saves work."""
+        start = prefix.length if prefix is not None else 0
+        trees, groups = pack([p[start:-1] for p in batch])  # the prefill the decode would run
         tree_cost = len(trees) * max(len(t.tokens) for t in trees)
         if prefix_cache is not None:  # rows of the last call and of this call's earlier rows
             source = PrefixCache(prefix_cache.rows + kept)
             match = source.match(batch)
             # a batch fed on top of kept rows pads every row to the longest unmatched part:
-            # reuse only where that feeds fewer tokens than the tree prefill
-            rest = max(len(p) - k for p, (_, k) in zip(batch, match))
-            reused = self._reuse(batch, source, match) if len(batch) * rest < tree_cost else None
+            # reuse only where that feeds fewer tokens than the tree prefill (+ each last token)
+            rest = max(len(p) - max(k, start) for p, (_, k) in zip(batch, match))
+            reused = self._reuse(batch, source, match, start) if len(batch) * (rest - 1) < tree_cost else None
             prefix_cache.prompt_tokens += sum(map(len, batch))
             prefix_cache.reused_tokens += sum(k for _, k in match) if reused is not None else 0
             if reused is not None:
                 cache, ids, attn = reused
                 return ids, attn, cache
-        ids, attn = left_pad(batch, self.pad_id)
+        ids, attn = left_pad([p[start:] for p in batch], self.pad_id)
         ids, attn = ids.to(self.model.device), attn.to(self.model.device)
         cache = None
         if tree_cost < len(batch) * (ids.shape[1] - 1):  # some prefix repeats
-            cache = self._tree_prefill(trees, groups, ids.shape[1] - 1)
+            cache = self._tree_prefill(trees, groups, ids.shape[1] - 1, prefix)
         return ids, attn, cache
 
     def _keep_row(self, decoder: Decoder, slot: int, tokens: list[int], kept: list) -> list:
@@ -246,13 +271,16 @@ class TransformersEngine:
             self.on_batch(len(idx))
         return results
 
-    def _reuse(self, batch: list[list[int]], prefix_cache: PrefixCache, match: list[tuple[int, int]]):
+    def _reuse(self, batch: list[list[int]], prefix_cache: PrefixCache, match: list[tuple[int, int]], start=0):
         """-> (cache, ids, attn) for a batch whose sequences extend rows of `prefix_cache` by
-        `match` ((row, reused tokens) per sequence), or None when none does. Row n's reused KV
+        `match` ((row, reused tokens) per sequence), or None when none does; the first `start`
+        tokens of every sequence left out (a SharedPrefix holds them). Row n's reused KV
         is right-aligned in the first K columns and the rest of its sequence left-padded in the
         last S: pad columns between the two are masked out and position ids follow the mask (as
         generate computes them), so the model sees each sequence at the positions it would have
         without reuse."""
+        match = [(row, max(k, start) - start) for row, k in match]  # reused tokens past `start`
+        batch = [p[start:] for p in batch]
         if not any(k for _, k in match):
             return None
         reused = max(k for _, k in match)
@@ -270,17 +298,20 @@ class TransformersEngine:
             attn[n, ids.shape[1] - (len(prompt) - k) :] = 1
             if k:
                 _, row_keys, row_values = prefix_cache.rows[row]
-                keys[:, n, :, reused - k :] = row_keys[:, :, :k]
-                values[:, n, :, reused - k :] = row_values[:, :, :k]
+                keys[:, n, :, reused - k :] = row_keys[:, :, start : start + k]
+                values[:, n, :, reused - k :] = row_values[:, :, start : start + k]
         cache = DynamicCache(config=self.model.config)
         for layer in range(layers):
             cache.update(keys[layer], values[layer], layer)
         return cache, ids.to(self.model.device), attn.to(self.model.device)
 
-    def _tree_prefill(self, trees: list[PrefixTree], groups: list[list[int]], width: int) -> DynamicCache:
+    def _tree_prefill(
+        self, trees: list[PrefixTree], groups: list[list[int]], width: int, prefix: SharedPrefix | None = None
+    ) -> DynamicCache:
         """KV cache of every prompt but its last token, each distinct prefix computed once, laid
         out as left-padded rows (B, width columns): the decoder's admission forward then feeds
-        only the last prompt token. Full-attention models only (the continuous path).
+        only the last prompt token. Full-attention models only (the continuous path). With a
+        `prefix`, the trees hold what follows it and attend to it.
 
         The G rollouts of a problem and the m judgments of a step repeat their prompt, and all
         judge prompts share their instructions: a forward over the prompts' prefix trees
@@ -289,14 +320,18 @@ class TransformersEngine:
         ids, pos, mask = tree_inputs(trees, self.pad_id)
         device = self.model.device
         packed = DynamicCache(config=self.model.config)
+        shared = {} if prefix is None else {"shared_prefix": prefix}
         self.model(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
-            position_ids=pos.to(device),
+            position_ids=pos.to(device) + (prefix.length if prefix is not None else 0),
             cache=packed,
             use_cache=True,
             logits_to_keep=1,
+            **shared,
         )
+        if prefix is not None:
+            prefix.check()
         nodes = ids.shape[1]
         pad_node = len(trees) * nodes  # an all-zero node for the pad columns (masked)
         index = torch.full((sum(map(len, groups)), width), pad_node, dtype=torch.long)

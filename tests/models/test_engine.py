@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlanything.models.engine import TransformersEngine, response_logprobs
+from rlanything.models.engine import MIN_SHARED, TransformersEngine, response_logprobs
 from rlanything.models.generation import PrefixCache, left_pad
 from rlanything.models.loading import load_model
 from rlanything.models.prompts import policy_messages, render
@@ -18,6 +18,15 @@ def engine(tiny_model_path, tiny_tokenizer):
 
 def prompts(tokenizer, n=5):
     return [render(tokenizer, policy_messages("sys", [f"Calculate {i} + {i * 3}."], []))[1] for i in range(n)]
+
+
+def shared_prefix(ps):
+    """The engine's SharedPrefix length for a call's prompts: their common beginning, all but
+    one token of the shortest at most, 0 below MIN_SHARED."""
+    n, shortest = 0, min(map(len, ps))
+    while n < shortest - 1 and len({p[n] for p in ps}) == 1:
+        n += 1
+    return n if n >= MIN_SHARED else 0
 
 
 def assert_same_samples(got, expected):
@@ -80,10 +89,11 @@ def test_low_temperature_concentrates(engine, tiny_tokenizer):
 def test_repeated_prompts_share_one_prefill_and_sample_as_before(engine, tiny_tokenizer):
     """G rollouts of a task (m judgments of a step) repeat a prompt and all prompts share their
     instructions: the prefill runs each distinct prefix once (one forward over the batch's
-    prefix tree), and the samples and log-probs are those of separate prefills."""
+    prefix tree, past the call's shared prefix, which its own forward runs first), and the
+    samples and log-probs are those of separate prefills."""
 
     class Separate(TransformersEngine):
-        def _tree_prefill(self, trees, groups, width):
+        def _tree_prefill(self, trees, groups, width, prefix=None):
             return None
 
     ps = prompts(tiny_tokenizer, 2)
@@ -97,10 +107,13 @@ def test_repeated_prompts_share_one_prefill_and_sample_as_before(engine, tiny_to
         shared = engine.generate(batch, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=4)
     finally:
         hook.remove()
-    distinct = len({tuple(p[:k]) for p in ps for k in range(1, len(p))})  # prefixes of all but the last token
-    assert distinct < 2 * (len(ps[0]) - 1)
+    common = shared_prefix(ps)
+    assert common > 0  # the chat template and the system prompt
+    # prefixes of all but the last token, past the shared prefix: fewer than a batch's 3 rows hold
+    distinct = len({tuple(p[common:k]) for p in ps for k in range(common + 1, len(p))})
+    assert distinct < 3 * (len(ps[0]) - 1 - common)
     prefills = [s for s in shapes if s[1] > 1]
-    assert prefills == [(1, distinct), (1, distinct)]  # one tree per batch, each prefix once
+    assert prefills == [(1, common), (1, distinct), (1, distinct)]  # one tree per batch, each prefix once
     assert all(s[1] == 1 for s in shapes if s not in prefills)  # generate itself only decodes
     assert_same_samples(shared, separate.generate(batch, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=4))
     scored = engine.score(batch, [g.token_ids for g in shared], temperature=1.0)
@@ -132,8 +145,10 @@ def test_a_turn_reuses_the_kv_of_the_previous_turn_and_samples_as_without(engine
         # the engine feeds whichever costs fewer columns: the un-reused tokens on top of kept
         # rows (padded to the longest) or the prompts' prefix tree; never a full prefill, never
         # less than the prefixes no kept row holds
-        padded = len(ps) * max(len(p) - k for p, (_, k) in zip(ps, matched))
+        shared = shared_prefix(ps)  # its own forward opens the call; reuse and trees start past it
+        padded = shared + len(ps) * max(len(p) - max(k, shared) for p, (_, k) in zip(ps, matched))
         unseen = len({tuple(p[:j]) for p, (_, k) in zip(ps, matched) for j in range(k + 1, len(p) + 1)})
+        assert not shared or fed[0] == (1, shared)
         fed = sum(n for _, n in fed)
         decode = len(ps) * (kw["max_new_tokens"] - 1)  # one per row per decode step
         assert unseen <= fed <= min(padded, sum(map(len, ps))) + decode
@@ -171,8 +186,11 @@ def test_a_later_batch_reuses_the_kv_of_an_earlier_batch_of_the_same_call(engine
     kw = dict(max_new_tokens=4, temperature=1.0, top_p=1.0, seed=2)
     with tokens_fed(engine.model) as fed:
         kept = one_by_one.generate([long, short], prefix_cache=PrefixCache(), **kw)
-    first_forwards = [n for rows, n in fed if n > 1]  # each batch's prefill (then 1-token decode steps)
-    assert first_forwards == [len(short), len(long) - len(short)]  # the long prompt fed only its extension
+    first_forwards = [n for rows, n in fed if n > 1]  # prefills (then 1-token decode steps)
+    # the prompts' shared prefix (all of the short one but its last token, fed by its admission),
+    # then the long prompt's extension only
+    assert shared_prefix([long, short]) == len(short) - 1
+    assert first_forwards == [len(short) - 1, len(long) - len(short)]
     assert_same_samples(kept, one_by_one.generate([long, short], **kw))
 
 
