@@ -100,8 +100,9 @@ AttentionMaskInterface.register(NAME, sdpa_mask)  # the rows' own columns are ma
 def shared_prefix_attention(model):
     """Within the block the model attends through `attention` (SDPA where no prefix is passed);
     yields whether it does (False: the model keeps its attention, pass no prefix)."""
-    before = model.config._attn_implementation
-    if before != "sdpa" or not model._can_set_attn_implementation():
+    before = getattr(model.config, "_attn_implementation", None)
+    can_switch = getattr(model, "_can_set_attn_implementation", None)  # transformers' PreTrainedModel
+    if before != "sdpa" or can_switch is None or not can_switch():
         yield False
         return
     model.set_attn_implementation(NAME)

@@ -146,3 +146,11 @@ def test_the_engine_samples_as_without_a_shared_prefix(model, tiny_tokenizer, to
         assert [g.choice for g in got] == [g.choice for g in expected]
         for a, b in zip(got, expected):
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+def test_a_model_that_cannot_switch_keeps_its_attention():
+    class Plain(torch.nn.Module):  # not a transformers PreTrainedModel
+        config = type("Config", (), {"_attn_implementation": "sdpa"})()
+
+    with shared_prefix_attention(Plain()) as switched:
+        assert not switched
