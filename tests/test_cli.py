@@ -42,6 +42,29 @@ def test_a_fault_fires_only_at_its_step_iteration_and_phase(monkeypatch):
     inject_fault("verify", 1, "end")
 
 
+def test_a_hold_fault_keeps_the_step_until_a_stop(monkeypatch):
+    import threading
+
+    from rlanything import stopping
+    from rlanything.tasks import common
+
+    monkeypatch.setenv("RLANYTHING_FAULT", "hold:rollout@0")
+    monkeypatch.setattr(common, "HOLD_LIMIT_S", 0.3)
+    start = time.monotonic()
+    inject_fault("rollout", 0, "start")  # nobody stops it: it lets the step go after the limit
+    assert 0.3 <= time.monotonic() - start < 5
+    stopper = threading.Timer(0.3, stopping.request)
+    monkeypatch.setattr(common, "HOLD_LIMIT_S", 60)
+    stopper.start()
+    try:
+        with pytest.raises(stopping.Stopped):
+            inject_fault("rollout", 0, "start")
+    finally:
+        stopper.join()
+        stopping.reset()
+    assert time.monotonic() - start < 10
+
+
 def test_the_run_lock_is_reentrant_here_and_exclusive_across_processes(tmp_path):
     run_dir = tmp_path / "locked"
     with run_lock(run_dir):

@@ -53,7 +53,8 @@ class InjectedFault(RuntimeError):
     """Raised by `RLANYTHING_FAULT=raise:<step>`."""
 
 
-FAULT_ACTIONS = ("sigkill", "raise", "sigint", "sigterm")
+FAULT_ACTIONS = ("sigkill", "raise", "sigint", "sigterm", "hold")
+HOLD_LIMIT_S = 600  # "hold" gives up after this long and lets the step run
 FAULT_POINTS = (*STEPS, "eval")  # the steps, and the held-out evaluation of a checkpoint
 
 
@@ -83,7 +84,9 @@ def inject_fault(step: str, iteration: int, phase: str) -> None:
     logs them and Prefect records its result. "sigint:rm_score@1" sends SIGINT to this process's
     group as a terminal's Ctrl-C does ("sigterm": SIGTERM, as a process manager does) and lets the
     step run on into its work, where the stop check ends it; only for a process in a group of its
-    own (`setsid`, `start_new_session`). PHASE is `start` (default) or `end`; STEP may also be
+    own (`setsid`, `start_new_session`). "hold:rollout@0" keeps the step in progress until a stop
+    request ends it (checked every 0.1 s, at most HOLD_LIMIT_S): a step surely running when a
+    test cancels the run from outside. PHASE is `start` (default) or `end`; STEP may also be
     `eval`, the held-out evaluation of ITERATION's checkpoint."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
@@ -96,6 +99,13 @@ def inject_fault(step: str, iteration: int, phase: str) -> None:
     if action in ("sigint", "sigterm"):
         print(f"injected fault {spec!r}: {action.upper()} to the process group", flush=True)
         os.killpg(os.getpgrp(), signal.SIGINT if action == "sigint" else signal.SIGTERM)
+        return
+    if action == "hold":
+        print(f"injected fault {spec!r}: holding the step until a stop", flush=True)
+        deadline = time.monotonic() + HOLD_LIMIT_S
+        while time.monotonic() < deadline:
+            stopping.check()
+            time.sleep(0.1)
         return
     raise InjectedFault(f"injected fault {spec!r} in step {step} of iteration {iteration}")
 

@@ -297,7 +297,10 @@ def test_cancel_in_the_prefect_ui_stops_a_deployment_run_the_same_way(tmp_path, 
     from prefect.states import Cancelling
 
     sets = [a for o in [f"run.root={tmp_path / 'runs'}", *small_overrides] for a in ("--set", o)]
-    serve = Command(["serve", "-c", TINY, *sets, "--name", "stop-test", "--root", str(tmp_path)], prefect_api_url)
+    # the rollout holds until stopped: a step surely in progress when the cancel arrives (the
+    # runner notices a cancel on its next poll, up to 10 s later; a tiny iteration is shorter)
+    args = ["serve", "-c", TINY, *sets, "--name", "stop-test", "--root", str(tmp_path)]
+    serve = Command(args, prefect_api_url, fault="hold:rollout@0")
     try:
         serve.wait_for(r"serving rlanything-train/stop-test")
         deadline = time.monotonic() + 120
@@ -313,7 +316,10 @@ def test_cancel_in_the_prefect_ui_stops_a_deployment_run_the_same_way(tmp_path, 
         train = run_deployment("rlanything-train/stop-test", timeout=0)
         run_dir = tmp_path / "runs" / "tiny"
         iteration = wait_for_run(f"{run_dir}: iteration 0", serve)
-        time.sleep(2.0)  # into the rollout
+        deadline = time.monotonic() + 120
+        while task_states(iteration.id).get("rollout") != "Running":
+            assert time.monotonic() < deadline and serve.proc.poll() is None, serve.output()[-3000:]
+            time.sleep(0.5)
         # the flow run's process and what it started; not multiprocessing's resource tracker,
         # which serve's runner starts with its first flow run and keeps (checked with serve below)
         run_processes = {p for p in set(tagged(serve.tag)) - before if "resource_tracker" not in cmdline(p)}
