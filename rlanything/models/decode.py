@@ -32,7 +32,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from rlanything.models.generation import Choice
-from rlanything.models.prefix_attention import SharedPrefix
+from rlanything.models.prefix_attention import SharedPrefix, forward
 
 
 class GrowingLayer(DynamicLayer):
@@ -164,8 +164,6 @@ class Decoder:
         prefix: SharedPrefix | None = None,
     ):
         self.model, self.eos, self.choice, self.prefix = model, set(eos_ids), choice, prefix
-        self.offset = prefix.length if prefix is not None else 0  # positions before the cache
-        self.prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None  # for row_kv
         self.max_new, self.temperature, self.top_p, self.seed = max_new_tokens, temperature, top_p, seed
         extra = (
             0 if choice is None else len(choice.opener) + max(map(len, choice.options.values())) + len(choice.closer)
@@ -175,6 +173,11 @@ class Decoder:
         self.cache: DynamicCache | None = None
         self.attn = torch.zeros(0, 0, dtype=torch.long, device=model.device)
         self.feed = torch.zeros(0, dtype=torch.long, device=model.device)
+
+    @property
+    def offset(self) -> int:
+        """Positions before the cache: the shared prefix's length."""
+        return self.prefix.length if self.prefix is not None else 0
 
     @property
     def live(self) -> int:
@@ -209,19 +212,8 @@ class Decoder:
 
     def _forward(self, ids, attn, position_ids, cache) -> torch.Tensor:
         """Logits (B, V) of each row's last fed token; the cache grows by ids' columns."""
-        shared = {} if self.prefix is None else {"shared_prefix": self.prefix}
-        logits = self.model(
-            input_ids=ids,
-            attention_mask=attn,
-            position_ids=position_ids + self.offset,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-            **shared,
-        ).logits[:, -1]
-        if self.prefix is not None:
-            self.prefix.check()
-        return logits
+        inputs = dict(input_ids=ids, attention_mask=attn, cache=cache, use_cache=True, logits_to_keep=1)
+        return forward(self.model, self.prefix, position_ids, **inputs).logits[:, -1]
 
     def _row(self, index: int) -> Row:
         row = Row(index, uniforms(self.seed, index, self.max_new + 1))
@@ -281,9 +273,8 @@ class Decoder:
         values = torch.stack([layer.values[slot][:, cols] for layer in self.cache.layers])
         if self.prefix is None:
             return keys, values
-        if self.prefix_kv is None:  # stacked once per call: (layers, kv_heads, P, head_dim)
-            self.prefix_kv = torch.stack(self.prefix.keys), torch.stack(self.prefix.values)
-        return torch.cat([self.prefix_kv[0], keys], 2), torch.cat([self.prefix_kv[1], values], 2)
+        shared_keys, shared_values = self.prefix.stacked
+        return torch.cat([shared_keys, keys], 2), torch.cat([shared_values, values], 2)
 
     def _rebuild(self, new: list[tuple[torch.Tensor, torch.Tensor]] | None, new_attn: torch.Tensor | None) -> None:
         """Drop ended rows and append `new` rows (their per-layer KV and mask), right-aligned in

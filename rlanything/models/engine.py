@@ -23,7 +23,7 @@ from rlanything.algo.losses import token_logprobs
 from rlanything.models.decode import Decoder, full_attention, kv_bytes_per_token, positions
 from rlanything.models.generation import Generation, PrefixCache, eos_ids, finish, left_pad
 from rlanything.models.packing import PrefixTree, pack, packed_response_logprobs, tree_inputs
-from rlanything.models.prefix_attention import SharedPrefix, shared_prefix_attention
+from rlanything.models.prefix_attention import SharedPrefix, forward, shared_prefix_attention
 
 MIN_SHARED = 8  # a call's prompts sharing fewer leading tokens decode without a SharedPrefix
 
@@ -233,10 +233,11 @@ class TransformersEngine:
         """[(tokens, keys, values)] of an ended row for `PrefixCache.rows`, or [] past the
         byte budget (`keep_bytes`, with the rows already kept). Its last sampled token was never
         fed: the row keeps the tokens its KV covers."""
+        columns = decoder.offset + int(decoder.attn[slot].sum())  # what row_kv would copy
+        size = columns * kv_bytes_per_token(self.model.config, decoder.cache.layers[0].keys.element_size())
+        if sum(k.nbytes + v.nbytes for _, k, v in kept) + size > self.keep_bytes:
+            return []  # checked before the copy: with kv_reuse_gb 0 no row is copied
         keys, values = decoder.row_kv(slot)
-        used = sum(k.nbytes + v.nbytes for _, k, v in kept)
-        if used + keys.nbytes + values.nbytes > self.keep_bytes:
-            return []
         n = min(keys.shape[2], len(tokens))
         return [(tokens[:n], keys[:, :, :n], values[:, :, :n])]
 
@@ -320,18 +321,8 @@ class TransformersEngine:
         ids, pos, mask = tree_inputs(trees, self.pad_id)
         device = self.model.device
         packed = DynamicCache(config=self.model.config)
-        shared = {} if prefix is None else {"shared_prefix": prefix}
-        self.model(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            position_ids=pos.to(device) + (prefix.length if prefix is not None else 0),
-            cache=packed,
-            use_cache=True,
-            logits_to_keep=1,
-            **shared,
-        )
-        if prefix is not None:
-            prefix.check()
+        inputs = dict(input_ids=ids.to(device), attention_mask=mask.to(device), cache=packed, use_cache=True)
+        forward(self.model, prefix, pos.to(device), logits_to_keep=1, **inputs)
         nodes = ids.shape[1]
         pad_node = len(trees) * nodes  # an all-zero node for the pad columns (masked)
         index = torch.full((sum(map(len, groups)), width), pad_node, dtype=torch.long)

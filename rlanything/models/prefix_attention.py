@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from transformers import AttentionInterface
@@ -43,6 +44,11 @@ class SharedPrefix:
     @property
     def length(self) -> int:
         return self.keys[0].shape[1]
+
+    @cached_property
+    def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """keys, values as (layers, kv_heads, P, head_dim): a kept row's first columns."""
+        return torch.stack(self.keys), torch.stack(self.values)
 
     def check(self) -> None:
         """Raise unless every layer of the last forward attended to the prefix."""
@@ -90,6 +96,16 @@ def attention(
     out_p = torch.matmul(probs[..., :p].transpose(0, 1).reshape(h, b * rows, p), pv)
     out = out + out_p.view(h, b, rows, d).transpose(0, 1)
     return out.view(b, heads, q, d).transpose(1, 2).contiguous(), None
+
+
+def forward(model, prefix: SharedPrefix | None, position_ids: torch.Tensor, **inputs):
+    """model(**inputs) past `prefix` (None: a plain forward): position ids count the prefix,
+    every layer attends to it (checked)."""
+    if prefix is None:
+        return model(position_ids=position_ids, **inputs)
+    out = model(position_ids=position_ids + prefix.length, shared_prefix=prefix, **inputs)
+    prefix.check()
+    return out
 
 
 AttentionInterface.register(NAME, attention)
