@@ -19,11 +19,13 @@ model (a forward hook: non-pad tokens of prefills and decode steps).
                                     [--batch-sizes 64,128]
 
 judges a real iteration's steps instead (its rollouts, episodes and outcomes, as the rm_score step
-reads them) with the config's RM settings, fp32, at each batch size: `in-pass`, the engine
+reads them) as the step judges them (`judge.judge_as_configured`: the config's RM settings and its
+environment's judge hint), fp32, at each batch size: `in-pass`, the engine
 decoding the constrained verdict in the generation pass (the default), against `two-pass`, the
 verdict scored after the reasoning (what engines without `decodes_choices` do), and `in-rows`,
 the default with the judge prompts' shared beginning copied into every row's cache instead of
-held once (models/prefix_attention.py). Printed per (mode, batch): seconds, forwards, mean rows per forward, mean prompt and response tokens.
+held once (models/prefix_attention.py). Printed per (mode, batch): seconds, forwards, mean rows
+per forward, mean prompt and response tokens.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import TokensFed, header  # noqa: E402
 
 from rlanything.models.engine import TransformersEngine  # noqa: E402
-from rlanything.models.judge import judge_steps  # noqa: E402
+from rlanything.models.judge import judge_as_configured, judge_steps  # noqa: E402
 from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
 
 
@@ -89,7 +91,8 @@ def replay(iteration_dir: str, config_path: str, batch_sizes: list[int]) -> None
     from rlanything.models.generation import PrefixCache
     from rlanything.tasks.scoring import steps_to_judge
 
-    rm = load_config(config_path).rm
+    config = load_config(config_path)
+    rm = config.rm
     frames = (pd.read_parquet(Path(iteration_dir) / f"{n}.parquet") for n in ("rollouts", "episodes", "outcomes"))
     steps = steps_to_judge(*frames)
     header(
@@ -105,18 +108,7 @@ def replay(iteration_dir: str, config_path: str, batch_sizes: list[int]) -> None
             engine = kind(model, tokenizer, batch_size=batch, keep_bytes=rm.kv_reuse_gb * 2**30)
             start = time.perf_counter()
             with TokensFed(model) as counter:
-                rows = judge_steps(
-                    engine,
-                    tokenizer,
-                    steps,
-                    judgments_per_step=rm.judgments_per_step,
-                    verdict=rm.verdict,
-                    max_new_tokens=rm.max_new_tokens,
-                    temperature=rm.temperature,
-                    top_p=rm.top_p,
-                    seed=1,
-                    prefix_cache=PrefixCache(),
-                )
+                rows = judge_as_configured(engine, tokenizer, steps, config, seed=1, prefix_cache=PrefixCache())
             seconds = time.perf_counter() - start
             forwards = len(counter.calls)
             rows_per = sum(r for r, _ in counter.calls) / forwards

@@ -23,9 +23,8 @@ from pathlib import Path
 import pandas as pd
 
 from rlanything.algo.rm_accuracy import outcome_prediction
-from rlanything.envs import env_class
 from rlanything.models.engine_factory import make_engine
-from rlanything.models.judge import judge_steps
+from rlanything.models.judge import judge_as_configured
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
 from rlanything.storage.parquet import read_table, write_table
@@ -46,17 +45,8 @@ def judge_split(config, weights: Path, label: str, contexts: list[dict], split: 
     if contexts:  # no valid episode: no RM to load
         with progress(f"eval {split}: RM judgments", len(contexts) * m) as advance:
             engine, tokenizer = make_engine(config.rm, "rm", weights, advance)
-            judged = judge_steps(
-                engine,
-                tokenizer,
-                contexts,
-                judgments_per_step=m,
-                verdict=config.rm.verdict,
-                max_new_tokens=config.rm.max_new_tokens,
-                temperature=config.rm.temperature,
-                top_p=config.rm.top_p,
-                seed=judge_seed(config.run.seed, iteration, split),
-                hint=env_class(config.env.kind).judge_hint,
+            judged = judge_as_configured(
+                engine, tokenizer, contexts, config, judge_seed(config.run.seed, iteration, split)
             )
     return write_table(judgment_rows(judged, split, iteration, label), EVAL_JUDGMENTS, out)
 

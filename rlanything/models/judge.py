@@ -21,8 +21,28 @@ import random
 from typing import Any
 
 from rlanything.algo.parsing import extract_last_boxed, parse_step_score
+from rlanything.envs import env_class
 from rlanything.models.generation import Choice, Generation, GenerationEngine, PrefixCache
 from rlanything.models.prompts import judge_messages, render, unit_test_messages
+
+
+def judge_as_configured(engine, tokenizer, steps, config, seed: int, prefix_cache=None) -> list[dict]:
+    """`judge_steps` as a run judges: `config.rm`'s settings and the judge hint of `config.env`'s
+    kind (the rm_score step, the held-out evaluation, benchmarks/rm_scoring.py --replay)."""
+    rm = config.rm
+    return judge_steps(
+        engine,
+        tokenizer,
+        steps,
+        judgments_per_step=rm.judgments_per_step,
+        verdict=rm.verdict,
+        max_new_tokens=rm.max_new_tokens,
+        temperature=rm.temperature,
+        top_p=rm.top_p,
+        seed=seed,
+        hint=env_class(config.env.kind).judge_hint,
+        prefix_cache=prefix_cache,
+    )
 
 
 def judge_steps(

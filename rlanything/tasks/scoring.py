@@ -9,10 +9,9 @@ import pandas as pd
 from rlanything import metric_names as names
 from rlanything.algo.rm_accuracy import guard, outcome_prediction, process_accuracy
 from rlanything.algo.samples import select_samples
-from rlanything.envs import env_class
 from rlanything.models.engine_factory import make_engine
 from rlanything.models.generation import PrefixCache
-from rlanything.models.judge import judge_steps
+from rlanything.models.judge import judge_as_configured
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
 from rlanything.storage.artifacts import read_artifact, write_artifact
@@ -58,19 +57,8 @@ def rm_score(run_dir: str, iteration: int):
     with progress(f"iter {iteration}: rm_score", len(todo) * config.rm.judgments_per_step) as advance:
         if todo:  # with no RM in the loop (m = 0, the policy-only arm) nothing is loaded or judged
             engine, tokenizer = make_engine(config.rm, "rm", path, advance, layout.run_dir / "vllm-rm.log")
-            rows = judge_steps(
-                engine,
-                tokenizer,
-                todo,
-                judgments_per_step=config.rm.judgments_per_step,
-                verdict=config.rm.verdict,
-                max_new_tokens=config.rm.max_new_tokens,
-                temperature=config.rm.temperature,
-                top_p=config.rm.top_p,
-                seed=derive_seed(config.run.seed, iteration, "rm_score"),
-                hint=env_class(config.env.kind).judge_hint,
-                prefix_cache=cache,
-            )
+            seed = derive_seed(config.run.seed, iteration, "rm_score")
+            rows = judge_as_configured(engine, tokenizer, todo, config, seed, prefix_cache=cache)
             weights = weights_label(layout, engine.weights)
             rows = [{**row, "weights": weights} for row in rows]
     empty = [write_artifact([], layout, iteration, name) for name in ("unit_tests", "pass_matrix")]  # role judge
