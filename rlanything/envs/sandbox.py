@@ -494,28 +494,30 @@ def _run_until_deadline(
     global _weak_in_flight
     with _weak_lock:
         _weak_in_flight += weak
-    with open(outputs[0], "wb") as out, open(outputs[1], "wb") as err:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=out,
-            stderr=err,
-            cwd=cwd,
-            env=env,
-            pass_fds=tuple(fds.values()),
-            start_new_session=True,
-        )
-        timed_out = False
-        try:
-            proc.communicate(stdin.encode(), timeout=wall_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            _stop(proc, weak)
-            with _weak_lock:
-                _weak_in_flight -= weak
-                if weak and uid is not None and _weak_in_flight == 0:
-                    _kill_uid(uid)
+    try:  # the count comes down whatever happens, a failed start included
+        with open(outputs[0], "wb") as out, open(outputs[1], "wb") as err:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=err,
+                cwd=cwd,
+                env=env,
+                pass_fds=tuple(fds.values()),
+                start_new_session=True,
+            )
+            timed_out = False
+            try:
+                proc.communicate(stdin.encode(), timeout=wall_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                _stop(proc, weak)
+    finally:
+        with _weak_lock:
+            _weak_in_flight -= weak
+            if weak and uid is not None and _weak_in_flight == 0:
+                _kill_uid(uid)
     return proc.returncode, timed_out
 
 

@@ -176,6 +176,31 @@ def test_the_weak_mode_keeps_the_other_layers_and_says_so(monkeypatch):
         assert processes_of(result.uid) == []
 
 
+def test_a_weak_run_that_fails_to_start_still_counts_itself_out(monkeypatch, tmp_path):
+    """The throw-away uid's stragglers are swept when its last weak run ends: a run whose program
+    never started must not stay counted, or no later run would ever sweep."""
+    without_bwrap(monkeypatch)
+    outputs = (tmp_path / "out", tmp_path / "err")
+    with pytest.raises(FileNotFoundError):
+        sandbox._run_until_deadline(
+            ["/nonexistent/program"],
+            "",
+            cwd=str(tmp_path),
+            env={},
+            fds={},
+            wall_s=1.0,
+            weak=True,
+            uid=None,
+            outputs=outputs,
+        )
+    assert sandbox._weak_in_flight == 0
+    escape = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')"
+    result = run_program(escape, limits=Limits(**{**FAST.__dict__, "isolation": "weak"}))
+    assert result.stdout == "parent done\n"
+    if result.uid != os.getuid():  # as root: the sweep after this run's end found the straggler
+        assert processes_of(result.uid) == []
+
+
 def test_no_unshare_noise_on_timeouts():
     result = run_program("import time\ntime.sleep(30)", limits=Limits(timeout_s=0.5))
     assert result.timed_out and result.stderr == ""
