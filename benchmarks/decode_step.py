@@ -21,9 +21,9 @@ Printed per shape: ms per step (the fastest of `steps` after warm-up; ct2: the f
 differences), the fraction of the compute limit, and held-once / in-rows. Best against best:
 neighbours on a shared machine only ever slow a step or a matmul down, so the ceiling too is timed
 before and after the steps and the better taken (one timed in a slow moment flatters every
-fraction). Printed once: what the model's Linear
-layers alone reach at `rows` rows (nothing else in a step can beat it), and the time to read the
-weights once (a step reads them all: a floor set by memory bandwidth, not by the FLOPs).
+fraction). Printed once: the time of the model's Linear layers alone at `rows` rows (nothing else
+in a step can beat it) and the time to read the weights once (a step reads them all: a floor set
+by memory bandwidth, not by the FLOPs).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def ct2_step_ms(model_dir: Path, work: Path, rows: int, shapes: list[tuple[int, 
     def run(prompts, n: int) -> float:
         start = time.perf_counter()
         generator.generate_batch(
-            prompts, max_batch_size=rows, max_length=n, min_length=n, sampling_topk=0, sampling_temperature=0.7
+            prompts, max_batch_size=rows, max_length=n, min_length=n, sampling_topk=0, sampling_temperature=1.0
         )
         return time.perf_counter() - start
 
