@@ -39,10 +39,11 @@ from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import header, matmul_ceiling, params_of, timed  # noqa: E402
-from cpu_engines import installed, setup  # noqa: E402
+from cpu_engines import CT2, installed  # noqa: E402
 
 from rlanything.models.decode import Decoder  # noqa: E402
-from rlanything.models.loading import load_model, smollm2_model_dir  # noqa: E402
+from rlanything.models.generation import eos_ids_of  # noqa: E402
+from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
 from rlanything.models.prefix_attention import SharedPrefix, shared_prefix_attention  # noqa: E402
 
 
@@ -75,15 +76,8 @@ def step_ms(model, rows: int, shared: int, own: int, held_once: bool, steps: int
 
 def ct2_step_ms(model_dir: Path, work: Path, rows: int, shapes: list[tuple[int, int]]) -> dict:
     """CTranslate2 float32's fastest ms per decoding step of `rows` whole prompts, per (shared, own)."""
-    import ctranslate2
-    from transformers import AutoTokenizer
-
-    converter = ctranslate2.converters.TransformersConverter(str(model_dir))
-    setup("ctranslate2 conversion to float32", lambda: converter.convert(str(work), quantization="float32"))
-    generator = ctranslate2.Generator(
-        str(work), device="cpu", compute_type="float32", intra_threads=torch.get_num_threads()
-    )
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    generator = CT2(model_dir, work, "float32", tokenizer, eos_ids_of(model_dir, tokenizer)).generator
     gen = torch.Generator().manual_seed(0)
 
     def run(prompts, n: int) -> float:
