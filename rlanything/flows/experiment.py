@@ -7,11 +7,17 @@ one MLflow run, nested under the experiment's parent MLflow run and tagged with 
 arm and seed), held-out evaluation after every iteration (`eval.every` 1 unless the config sets
 it, and always after the last one) so the curves have points. Every arm turns the reward-hacking
 guard's fallback off (the paper has none; the alarm is still logged): a flagged iteration would
-otherwise make the +RM arm outcome-only and leave the RM-signal-only arm without a reward. The budget is equal for every arm: N iterations, or training
-until the sum of the steps' own times reaches M minutes (checked between iterations, from the
-recorded step times, so a resumed experiment decides exactly as an uninterrupted one). Both
-given: whichever comes first. The comparison (`reports.experiment`) is rewritten after every
-finished arm: partial results are readable while the rest runs.
+otherwise make the +RM arm outcome-only and leave the RM-signal-only arm without a reward.
+
+The budget is equal for every arm: N iterations, or M minutes of training (the sum of the steps'
+own times). An arm never starts an iteration predicted to end past M minutes (`next_fits`: its
+training so far plus its longest finished iteration; the first always runs), from the recorded
+step times only, so a resumed experiment decides exactly as an uninterrupted one. An arm thus
+ends within its budget, up to about one iteration short of it, and past it only where its first
+iteration alone, or a last one slower than all before it, overran. Both given: whichever comes
+first. The comparison (`reports.experiment`) shows each arm's minutes per seed and flags an arm
+more than 5% off the budget; it is rewritten after every finished arm: partial results are
+readable while the rest runs.
 
 Resume: running the same command again (or Retry in the Prefect UI) skips arms marked finished
 with this budget (`arms/<run>.done`) and resumes the unfinished one at its failed step; the same
@@ -47,7 +53,7 @@ from rlanything.flows.evaluation import BASE, eval_dir, eval_flow
 from rlanything.flows.runlock import run_lock
 from rlanything.flows.training import prepare_run, train_flow
 from rlanything.reports import experiment as report
-from rlanything.reports.eval import training_wall_time
+from rlanything.reports.eval import step_seconds
 from rlanything.storage import tracking
 from rlanything.storage.layout import RunLayout
 from rlanything.storage.parquet import write_text
@@ -133,14 +139,43 @@ def open_experiment(
     return base, seed_list, folder
 
 
+def next_fits(seconds: list[float], budget_s: float) -> bool:
+    """Whether an arm whose finished iterations took `seconds` (training time each) starts one
+    more under a budget of `budget_s` training seconds: yes when nothing is measured yet (the first
+    iteration always runs; if it alone overruns, the comparison flags the arm), else when the
+    training so far plus the longest finished iteration stays within the budget.
+
+    Why not stop a running iteration at the budget instead: its work would be thrown away and the
+    run left with half an iteration (a checkpoint mid-update), and where it stopped would depend
+    on the clock, so a resumed experiment could not decide as an uninterrupted one did; this rule
+    reads only recorded times. Why the longest iteration, not the mean: about half of an arm's
+    iterations are longer than its mean, so a mean-sized prediction would overrun about every
+    other time; the longest finished one overruns only when an iteration is slower than all
+    before it. The price: an arm ends up to one (longest) iteration short of its budget.
+
+    >>> next_fits([], 60), next_fits([20, 25], 70), next_fits([20, 25], 69.9)
+    (True, True, False)
+    """
+    return not seconds or sum(seconds) + max(seconds) <= budget_s
+
+
+def iteration_seconds(run_dir: Path, count: int) -> list[float]:
+    """Training seconds of each of iterations 0..count-1 that has its iter_NNNN/summary.json: the
+    steps' own times (`reports.eval.step_seconds`, as the comparison counts them)."""
+    paths = [RunLayout(run_dir).iter_dir(i) / "summary.json" for i in range(count)]
+    return [step_seconds(json.loads(path.read_text())) for path in paths if path.exists()]
+
+
 def _train_arm(config_path: str, overrides: list[str], config: Config, iterations, budget_minutes) -> None:
-    """Train one (arm, seed) run to its budget: N iterations and/or M minutes of step time."""
+    """Train one (arm, seed) run to its budget: N iterations and/or M minutes of step time, one
+    iteration at a time while `next_fits` (from the recorded times: a resumed or extended arm
+    passes over its finished iterations deciding as before, then goes on)."""
     limit = iterations or (MAX_ITERATIONS if budget_minutes else config.run.iterations)
     if budget_minutes is None:
         train_flow(config_path, overrides, limit)
     else:
         done = 0
-        while done < limit and training_wall_time(config.run_dir, done - 1) < budget_minutes * 60:
+        while done < limit and next_fits(iteration_seconds(config.run_dir, done), budget_minutes * 60):
             train_flow(config_path, overrides, done + 1)  # finished iterations are skipped
             done += 1
     last = max(i for i in range(limit) if RunLayout(config.run_dir).iteration_done(i).exists())
@@ -163,19 +198,22 @@ def _share_base_eval(source: Path | None, run_dir: Path) -> None:
 
 
 def write_comparison(
-    folder: Path, name: str, runs: list[dict], arms: list[str], splits: list[str]
+    folder: Path, name: str, runs: list[dict], arms: list[str], splits: list[str], budget_minutes: float | None = None
 ) -> tuple[list[Path], dict[str, float]]:
-    """comparison.md, comparison.json and the figures from the runs so far; the table's numbers."""
+    """comparison.md, comparison.json and the figures from the runs so far; the table's numbers.
+    With a wall-time budget, each arm's minutes are set against it (`report.budget_numbers`)."""
     import pandas as pd
 
     frame = pd.DataFrame(runs, columns=["arm", "seed", "run_dir"])
     training, heldout = report.collect(frame)
     labels = {a: ARMS[a].label for a in arms}
-    table = report.comparison_table(labels, training, heldout, splits)
+    table = report.comparison_table(labels, training, heldout, splits, budget_minutes)
     details = {
         "runs": ", ".join(Path(r["run_dir"]).name for r in runs),
         "spec": str(folder / "experiment.json"),
     }
+    if budget_minutes is not None:
+        details["budget"] = f"{budget_minutes:g} min of training steps per arm"
     text = report.comparison_markdown(f"ablation {name}", details, table, heldout, splits)
     write_text(text, folder / "comparison.md")
     write_text(table.to_json(orient="records", indent=2), folder / "comparison.json")
@@ -243,5 +281,5 @@ def _run_arms(
                 _train_arm(config_path, run_overrides, config, iterations, budget_minutes)
                 write_text(budget, marker)
             base_evals.setdefault(base_eval_kind(config), eval_dir(config.run_dir, BASE))
-            paths, metrics = write_comparison(folder, name, runs, arms, list(base.eval.splits))
+            paths, metrics = write_comparison(folder, name, runs, arms, list(base.eval.splits), budget_minutes)
     return paths, metrics

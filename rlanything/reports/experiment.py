@@ -12,7 +12,11 @@ Numbers in the table, per arm:
 - the RM's outcome accuracy and AUROC (and process accuracy, where the environment labels
   steps) on the last iteration's training rollouts, the mean over seeds, and on the held-out
   episodes where the evaluation judged them;
-- accepted tasks: `adapt/accepted_total` at the last iteration, mean over seeds.
+- accepted tasks: `adapt/accepted_total` at the last iteration, mean over seeds;
+- training minutes: each seed's sum of the steps' own times (`reports.eval.step_seconds`) over
+  its iterations, and under a wall-time budget each seed's deviation from it, the arm flagged
+  when a seed is more than `BUDGET_TOLERANCE` off (under or over: an arm that stopped early had
+  less time, one whose first iteration alone overran had more).
 An arm without an RM in the loop (the policy-only arm) has no RM measures: NaN, shown as n/a and
 neither drawn nor logged. The starting model's row takes each seed's evaluation from the first arm
 whose RM judged it, where one did.
@@ -43,6 +47,7 @@ from rlanything.reports.eval import auroc_text, eval_history, pct, step_seconds
 RM_ACCURACY = (names.RM_OUTCOME_ACCURACY, names.RM_OUTCOME_AUROC, names.RM_PROCESS_ACCURACY)  # rm_accuracy.png
 # Training metrics the comparison reads from iter_NNNN/summary.json (absent ones stay NaN).
 TRAINING_METRICS = (names.ACCURACY, *RM_ACCURACY, names.ADAPT_ACCEPTED_TOTAL)
+BUDGET_TOLERANCE = 0.05  # an arm's training minutes this far off a wall-time budget are flagged
 FIGURES = (
     "heldout_vs_iteration",
     "heldout_vs_wall_time",
@@ -116,22 +121,43 @@ def _base_eval(heldout: pd.DataFrame) -> pd.DataFrame:
     return base.drop_duplicates(["seed", "split"]).drop(columns="_judged")
 
 
+def budget_numbers(minutes: list[float], budget_minutes: float) -> dict:
+    """Each seed's training `minutes` against a wall-time budget: `budget_deviation`, minutes /
+    budget - 1 per seed, and `off_budget`, whether some seed is more than `BUDGET_TOLERANCE` off.
+
+    >>> [budget_numbers(minutes, 8.0)["off_budget"] for minutes in ([8.0, 8.3], [7.5, 8.0], [8.5])]
+    [False, True, True]
+    """
+    deviation = [m / budget_minutes - 1 for m in minutes]
+    return {"budget_deviation": deviation, "off_budget": any(abs(d) > BUDGET_TOLERANCE for d in deviation)}
+
+
 def comparison_table(
-    arms: dict[str, str], training: pd.DataFrame, heldout: pd.DataFrame, splits: list[str]
+    arms: dict[str, str],
+    training: pd.DataFrame,
+    heldout: pd.DataFrame,
+    splits: list[str],
+    budget_minutes: float | None = None,
 ) -> pd.DataFrame:
     """One row for the starting model (arm "base": its evaluation, once per seed), then one per
     arm (in `arms` order; `arms`: name -> label) with the numbers of the module docstring;
-    `strict_<split>`, `accuracy_<split>` are pooled dicts (`pooled_accuracy`)."""
+    `strict_<split>`, `accuracy_<split>` are pooled dicts (`pooled_accuracy`), `training_min_seeds`
+    each seed's minutes (seed order), and with `budget_minutes` the `budget_numbers` columns."""
     last, base = _last_eval(heldout), _base_eval(heldout)
     rows = [{"arm": BASE_ROW[0], "label": BASE_ROW[1], "seeds": int(base.seed.nunique()) if len(base) else 0}]
-    rows[0] |= {"iterations": 0, "training_min": 0.0, **_heldout_numbers(base, splits)}
+    rows[0] |= {"iterations": 0, "training_min": 0.0, "training_min_seeds": [], **_heldout_numbers(base, splits)}
     rows[0] |= {metric: math.nan for metric in TRAINING_METRICS[1:]}
+    if budget_minutes is not None:
+        rows[0] |= {"budget_deviation": None, "off_budget": None}  # nothing trained
     for arm, label in arms.items():
         train = training[training.arm == arm] if len(training) else training
         final = train[train.iteration == train.groupby("seed").iteration.transform("max")] if len(train) else train
         row = {"arm": arm, "label": label, "seeds": int(final.seed.nunique()) if len(final) else 0}
         row["iterations"] = int(final.iteration.max() + 1) if len(final) else 0
         row["training_min"] = float(final.wall_time_s.mean() / 60) if len(final) else math.nan
+        row["training_min_seeds"] = [float(w) / 60 for w in final.sort_values("seed").wall_time_s]
+        if budget_minutes is not None:
+            row |= budget_numbers(row["training_min_seeds"], budget_minutes)
         row |= _heldout_numbers(last[last.arm == arm] if len(last) else last, splits)
         for metric in TRAINING_METRICS[1:]:
             values = final[metric] if len(final) else pd.Series(dtype=float)
@@ -164,19 +190,37 @@ def _num(value: float, digits: int = 2) -> str:
     return "n/a" if value is None or value != value else f"{value:.{digits}f}"
 
 
+def _minutes(row: dict) -> str:
+    """Each seed's training minutes, "8.21, 8.60"; the starting model's 0."""
+    seeds = row["training_min_seeds"]
+    return ", ".join(f"{m:.2f}" for m in seeds) if seeds else _num(row["training_min"])
+
+
+def _budget(row: dict) -> str:
+    """Each seed's deviation from the budget, "**off**: +29.9%, +26.3%" where one is more than
+    `BUDGET_TOLERANCE` off."""
+    if not row["budget_deviation"]:
+        return "n/a"
+    text = ", ".join(f"{100 * d:+.1f}%" for d in row["budget_deviation"])
+    return f"**off**: {text}" if row["off_budget"] else text
+
+
 def comparison_markdown(
     title: str, details: dict[str, str], table: pd.DataFrame, heldout: pd.DataFrame, splits: list[str]
 ) -> str:
-    """comparison.md: the main table, then every seed's last held-out evaluation."""
+    """comparison.md: the main table, then every seed's last held-out evaluation. A table with a
+    wall-time budget's columns (`budget_numbers`) gets a "vs budget" column after the minutes."""
+    budget = "off_budget" in table
     lines = [f"# {title}", "", *[f"- {k}: {v}" for k, v in details.items()], ""]
-    head = ["arm", "seeds", "iterations", "training min"]
+    head = ["arm", "seeds", "iterations", "training min (per seed)"]
+    head += [f"vs budget (**off**: > {BUDGET_TOLERANCE:.0%})"] if budget else []
     head += [f"held-out {s} strict [95% CI]" for s in splits] + [f"held-out {s} with fallback" for s in splits]
     head += ["RM outcome acc (train)", "RM outcome AUROC (train)", "RM process acc (train)"]
     head += [f"RM outcome acc (held-out {s})" for s in splits]
     head += [f"RM outcome AUROC (held-out {s})" for s in splits] + ["accepted tasks"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table.to_dict("records"):
-        cells = [r["label"], str(r["seeds"]), str(r["iterations"]), _num(r["training_min"], 1)]
+        cells = [r["label"], str(r["seeds"]), str(r["iterations"]), _minutes(r)] + ([_budget(r)] if budget else [])
         cells += [_ci(r[f"strict_{s}"]) for s in splits] + [_ci(r[f"accuracy_{s}"]) for s in splits]
         cells += [_num(r[metric]) for metric in RM_ACCURACY]
         cells += [_num(r[f"heldout_rm_outcome_accuracy_{s}"]) for s in splits]
@@ -190,7 +234,14 @@ def comparison_markdown(
         "and the held-out episodes where the evaluation judged them (the starting model: by the first "
         "arm whose RM judged; held-out AUROC: the mean over seeds, each seed's interval below). n/a: "
         "not measured (an arm without an RM in the loop; an environment without step labels has no "
-        "process accuracy).",
+        "process accuracy). Training min: each seed's steps' own times summed over its iterations "
+        "(evaluations and resume gaps excluded)."
+        + (
+            " vs budget: each seed's minutes against the wall-time budget, **off** where one is more "
+            f"than {BUDGET_TOLERANCE:.0%} under or over it."
+            if budget
+            else ""
+        ),
         "",
         "## Every seed",
         "",

@@ -19,12 +19,23 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 from test_resume import REPO, TINY, cli, cli_command, cli_options, finish  # helpers of the resume tests
 
 from rlanything.config import load_config
-from rlanything.flows.experiment import ARMS, NO_RM, PARENT_TAG, arm_overrides, base_eval_kind
+from rlanything.flows.experiment import (
+    ARMS,
+    NO_RM,
+    PARENT_TAG,
+    ablation_flow,
+    arm_overrides,
+    base_eval_kind,
+    iteration_seconds,
+    next_fits,
+)
+from rlanything.metric_names import is_step_time
 from rlanything.reports.experiment import FIGURES
 from rlanything.storage.layout import RunLayout
 
@@ -139,3 +150,45 @@ def test_arm_overrides_leave_a_judging_rm_out_of_the_policy_only_arm():
         tests = arm_overrides([], coding, "e", arm, 5)
         assert NO_RM not in tests, arm  # unit tests: m = 0 is refused, the RM stays (frozen in policy-only)
         assert base_eval_kind(load_config(str(REPO / "configs" / "tiny-coding.yaml"), tests)) == 0
+
+
+def test_next_fits_predicts_the_next_iteration_by_the_longest_finished_one():
+    assert next_fits([], 1.0)  # nothing measured: the first iteration always runs
+    assert next_fits([30.0], 60.0) and not next_fits([30.0], 59.9)  # 30 + 30
+    # 10 + 40 + 20 = 70 so far; the longest, 40, would end at 110 (the mean, 23.3, at 93.3)
+    assert next_fits([10.0, 40.0, 20.0], 110.0) and not next_fits([10.0, 40.0, 20.0], 100.0)
+
+
+def test_a_wall_time_budget_holds_when_an_experiment_is_extended_to_it(prefect_server, small_overrides, tmp_path):
+    """One iteration per arm measures each arm's iteration; the same experiment extended to a
+    budget of 2.5 such iterations of the slower arm must run every arm on (2 iterations fit
+    after its first) and start no iteration predicted to end past the budget. The old rule
+    (train while under the budget) starts one that ends past it."""
+    arms, name = ["policy-only", "plus-rm"], "budget"
+    sets = [f"run.root={tmp_path}", "eval.problems=2", "eval.every=100", *small_overrides]  # evaluate the last only
+    ablation_flow(TINY, name, sets, seeds=1, iterations=1, arms=arms)
+    first = {arm: iteration_seconds(tmp_path / f"{name}-{arm}-s0", 1) for arm in arms}
+    budget_s = 2.5 * max(t for times in first.values() for t in times)
+    ablation_flow(TINY, name, sets, seeds=1, budget_minutes=budget_s / 60, arms=arms)
+
+    records = {r["arm"]: r for r in json.loads((tmp_path / "experiments" / name / "comparison.json").read_text())}
+    table = (tmp_path / "experiments" / name / "comparison.md").read_text()
+    assert f"- budget: {budget_s / 60:g} min of training steps per arm" in table
+    for arm in arms:
+        run = tmp_path / f"{name}-{arm}-s0"
+        count = len(list(run.glob("iter_*/summary.json")))
+        seconds = iteration_seconds(run, count)
+        assert seconds[:1] == first[arm] and count >= 2, (arm, seconds)  # extended: iteration 0 kept
+        for k in range(1, count):  # each started iteration: so far + the longest so far within the budget
+            assert sum(seconds[:k]) + max(seconds[:k]) <= budget_s, (arm, k, seconds, budget_s)
+        assert sum(seconds) + max(seconds) > budget_s, (arm, seconds, budget_s)  # the next would not fit
+        summaries = [json.loads((run / f"iter_{i:04d}" / "summary.json").read_text()) for i in range(count)]
+        longest_step = max(v for summary in summaries for k, v in summary.items() if is_step_time(k))
+        assert sum(seconds) <= budget_s + longest_step, (arm, seconds, budget_s, longest_step)
+        # within the budget itself, unless the last iteration was slower than every one before it
+        assert sum(seconds) <= budget_s or seconds[-1] > max(seconds[:-1]), (arm, seconds, budget_s)
+        minutes = sum(seconds) / 60
+        assert records[arm]["training_min_seeds"] == pytest.approx([minutes])
+        assert records[arm]["off_budget"] == (abs(minutes * 60 / budget_s - 1) > 0.05)
+        assert records[arm]["budget_deviation"] == pytest.approx([minutes * 60 / budget_s - 1])
+        assert f"| {ARMS[arm].label} | 1 | {count} | {minutes:.2f} |" in table

@@ -108,7 +108,8 @@ def test_comparison_table_by_hand(runs):
     assert math.isnan(po["heldout_rm_outcome_accuracy_in_domain"]) and math.isnan(rm["rm/process_accuracy"])
 
     text = report.comparison_markdown("ablation t", {}, table.reset_index(), heldout, ["in_domain"])
-    assert "| +RM | 2 | 2 | 3.0 | 60.0% [38.7%, 78.1%] (n=20) |" in text
+    assert "| +RM | 2 | 2 | 3.00, 3.00 | 60.0% [38.7%, 78.1%] (n=20) |" in text  # 90 s + 90 s per seed
+    assert "vs budget" not in text and "off_budget" not in table  # no wall-time budget: no flag
     assert "| 0.70 | 0.90 | n/a |" in text  # RM outcome acc, AUROC, process acc (not measured)
     po_row = next(line for line in text.splitlines() if line.startswith("| policy only |"))
     assert po_row.endswith("| n/a | n/a | n/a | n/a | n/a | n/a |")  # RM train x3, held-out acc, AUROC, accepted
@@ -124,6 +125,31 @@ def test_comparison_table_by_hand(runs):
     assert metrics["plus-rm/heldout_in_domain_strict"] == 0.6 and "policy-only/adapt_accepted_total" not in metrics
     assert metrics["plus-rm/rm_outcome_accuracy"] == pytest.approx(0.7)
     assert not [k for k in metrics if k.startswith("policy-only/rm_")]  # NaN: not logged (MLflow takes numbers)
+
+
+def test_an_arm_more_than_5_percent_off_the_budget_is_flagged():
+    # each seed's last iteration ends at its training seconds; an 8-minute budget
+    rows = [("policy-only", 0, 0, 240.0), ("policy-only", 0, 1, 480.0), ("policy-only", 1, 0, 500.0)]
+    rows += [("plus-rm", 0, 0, 200.0), ("plus-rm", 0, 1, 444.0), ("plus-rm", 1, 0, 480.0)]
+    training = pd.DataFrame(rows, columns=["arm", "seed", "iteration", "wall_time_s"])
+    training = training.assign(**{metric: math.nan for metric in report.TRAINING_METRICS})
+    table = report.comparison_table(ARMS, training, pd.DataFrame(), [], budget_minutes=8.0)
+    po, rm, base = (table.set_index("arm").loc[arm] for arm in ("policy-only", "plus-rm", "base"))
+    # policy-only: 8.00 and 8.33 min, +0 % and +4.2 % (500 / 480 - 1 = 1/24): within 5 %
+    assert po.training_min_seeds == pytest.approx([8.0, 500 / 60]) and not po.off_budget
+    assert po.budget_deviation == pytest.approx([0.0, 1 / 24])
+    # +RM: seed 0 had 7.40 min, -7.5 % (under is off too); seed 1 8.00
+    assert rm.training_min_seeds == pytest.approx([7.4, 8.0]) and rm.off_budget
+    assert rm.budget_deviation == pytest.approx([-0.075, 0.0])
+    assert base.off_budget is None and base.training_min_seeds == []
+
+    text = report.comparison_markdown("ablation t", {}, table, pd.DataFrame(), [])
+    assert "| arm | seeds | iterations | training min (per seed) | vs budget (**off**: > 5%) |" in text
+    assert "| policy only | 2 | 2 | 8.00, 8.33 | +0.0%, +4.2% |" in text
+    assert "| +RM | 2 | 2 | 7.40, 8.00 | **off**: -7.5%, +0.0% |" in text
+    assert "| starting model (before training) | 0 | 0 | 0.00 | n/a |" in text
+    record = json.loads(table.to_json(orient="records"))[2]
+    assert record["off_budget"] is True and record["training_min_seeds"] == pytest.approx([7.4, 8.0])
 
 
 def test_figures_draw_each_arm_where_it_was_measured(runs, tmp_path):
