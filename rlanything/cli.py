@@ -244,9 +244,12 @@ def evaluate(
     <run.root>/eval/<model>/) and logs them to MLflow. The RM of the same checkpoint (for @base
     or a model: the config's rm model) judges every step of the episodes as in training
     (judgments.parquet) and the table adds how well it predicts their outcomes: outcome accuracy
-    and AUROC per episode, step accuracy, score gap, parse rate; `--set eval.rm=false` skips it."""
+    and AUROC per episode, step accuracy, score gap, parse rate; `--set eval.rm=false` skips it.
+    Episodes an earlier evaluation of the run played with the same weights (a frozen policy, the
+    same checkpoint again) are reused, not played again: the table and summary.md say from where."""
     from rlanything.flows.evaluation import EvalTargetError, eval_flow, resolve_target
     from rlanything.flows.interrupt import handle_stops
+    from rlanything.reports.eval import eval_table
 
     if split not in ("in_domain", "ood", "all"):
         _fail(f"--split must be in_domain, ood or all, not {split!r}")
@@ -260,52 +263,9 @@ def evaluate(
         _fail(str(err))
     except Exception as err:
         _fail(f"the evaluation stopped: {type(err).__name__}: {err}", EXIT_FAILED)
-    console.print(_eval_table(target, result["summary"]))
+    env_kind = result["summary"][0]["env_kind"]
+    console.print(eval_table(result["summary"], f"rlanything eval: {target} (greedy, {env_kind})"))
     console.print(f"episodes, summary.md, eval.png: {result['out_dir']}   MLflow run {result['mlflow_run_id']}")
-
-
-EVAL_RM_COLUMNS = (  # where the RM judged the episodes (eval.rm): (header, summary key, format; None: percent,
-    # "interval": the AUROC with its 95% interval or the class too small to decide, reports.eval.auroc_text)
-    ("RM judged", "rm_judged", "{:.0f}"),
-    ("RM outcome acc", "rm_outcome_accuracy", None),
-    ("RM AUROC [95% CI]", "rm_outcome_auroc", "interval"),
-    ("RM step acc", "rm_step_accuracy", None),
-    ("RM gap", "rm_score_gap", "{:+.2f}"),
-    ("RM parsed", "rm_parse_rate", None),
-)
-
-
-def _eval_table(target: str, summary: list[dict]) -> Table:
-    """`rlanything eval`'s table: one row per split of the summary, with the RM's columns when
-    the RM judged the episodes; a missing value (None, or a key an older summary lacks) prints as n/a."""
-    from rlanything.reports.eval import auroc_text, ci_text, pct
-
-    table = Table(title=f"rlanything eval: {target} (greedy, {summary[0]['env_kind']})")
-    rm_columns = EVAL_RM_COLUMNS if "rm_outcome_accuracy" in summary[0] else ()
-
-    def cell(row: dict, key: str, text: str | None) -> str:
-        if text == "interval":
-            return auroc_text(row)
-        value = row.get(key, float("nan"))
-        return pct(value) if text is None else "n/a" if value != value else text.format(value)
-
-    for column in ("split", "n", "accuracy [95% CI]", "strict (boxed)", "fallback", "format rate", "env errors"):
-        table.add_column(column)
-    for column, _, _ in rm_columns:
-        table.add_column(column)
-    for row in summary:
-        row = {k: (float("nan") if v is None else v) for k, v in row.items()}
-        table.add_row(
-            row["split"],
-            str(int(row["n"])),
-            ci_text(row),
-            pct(row["strict_accuracy"]),
-            pct(row["fallback_accuracy"]),
-            pct(row["format_rate"]),
-            str(int(row["env_errors"])),
-            *(cell(row, key, text) for _, key, text in rm_columns),
-        )
-    return table
 
 
 @app.command("config", epilog="Example: rlanything config -c configs/tiny.yaml --set rm.verdict=free")

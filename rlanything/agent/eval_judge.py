@@ -27,7 +27,7 @@ from rlanything.models.engine_factory import make_engine
 from rlanything.models.judge import judge_as_configured
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
-from rlanything.storage.parquet import read_table, write_table
+from rlanything.storage.parquet import write_table
 from rlanything.storage.schemas import EVAL_JUDGMENTS
 
 
@@ -72,15 +72,6 @@ def judgment_rows(judged: list[dict], split: str, iteration: int | None, weights
         }
         for row in judged
     ]
-
-
-def merge_judgments(parts: list[Path], out: Path) -> Path:
-    """The splits' judgment files -> `out` (EVAL_JUDGMENTS); the parts are removed."""
-    frames = [read_table(p, EVAL_JUDGMENTS) for p in parts]
-    path = write_table(pd.concat(frames, ignore_index=True), EVAL_JUDGMENTS, out)
-    for part in parts:
-        part.unlink()
-    return path
 
 
 def rm_measures(episodes: pd.DataFrame, judgments: pd.DataFrame) -> dict[str, dict[str, float]]:

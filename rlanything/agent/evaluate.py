@@ -14,19 +14,38 @@ whether every step's answer was boxed. With `answer_fallback: none` the two succ
 
 Held-out problems come from the environment's `heldout_specs` (see envs/heldout.py for how they
 are kept apart from training); `heldout_problems` also drops any spec the run's buffer held.
+
+No evaluation is played twice. Greedy decoding makes a split's episodes a function of what
+`play_key` hashes: the policy's weights (`storage.checkpoints.weights_digest`), the split's
+problems, the environment's and the policy's generation settings, the token budget and
+rlanything's own source. A policy that did not change between two evaluations (a frozen policy,
+`policy.optim.frozen`; the same checkpoint evaluated again) therefore reuses the episodes of the
+earlier one (`earlier_split`) instead of playing them again, and the RM's judgments too where
+`rm_key` (the RM's weights and settings, on those episodes) is also unchanged; an RM that changed
+judges the reused episodes again, from their steps (steps.parquet). The RM's sampling seed is not
+in `rm_key`: the same RM on the same episodes measures the same thing, its judgments are reused
+whatever the iteration that first drew them.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from rlanything.agent.rollout import play
 from rlanything.algo.parsing import FALLBACKS
 from rlanything.envs.base import Environment, make_env, replayable
 from rlanything.envs.heldout import drop_trained, heldout_specs
 from rlanything.models.generation import GenerationEngine
+from rlanything.storage.parquet import read_table
+from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS, EVAL_STEPS
 
 
 class ScoredEnv:
@@ -171,3 +190,109 @@ def episode_row(split: str, kind: str, index: int, spec: dict, traj: dict, steps
         "actions": [s["action"] for s in steps],
         "last_response": steps[-1]["response"] if steps else "",
     }
+
+
+def step_rows(split: str, steps: list[dict]) -> list[dict]:
+    """`play`'s step records of a split (traj_id = problem_idx) -> EVAL_STEPS rows."""
+    columns = ("step_idx", "task_id", "response", "observation")
+    return [{"split": split, "problem_idx": row["traj_id"], **{k: row[k] for k in columns}} for row in steps]
+
+
+def _digest(blob: dict) -> str:
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@functools.cache
+def source_digest() -> str:
+    """sha256 of rlanything's Python source: a later version may prompt, parse or verify
+    differently, so its evaluations reuse none of an earlier version's episodes."""
+    digest = hashlib.sha256()
+    package = Path(__file__).resolve().parents[1]
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def play_key(config, split: str, specs: list[dict], weights_digest: str | None) -> str | None:
+    """What decides a split's greedy episodes, hashed (module docstring); None without a
+    weights digest (weights that are no folder): such episodes are never reused."""
+    if weights_digest is None:
+        return None
+    policy = config.policy.model_dump(mode="json", exclude={"model", "optim"})  # the weights say it
+    blob = {
+        "weights": weights_digest,
+        "split": split,
+        "specs": specs,
+        "env": config.env.model_dump(mode="json"),
+        "policy": policy,
+        "max_new_tokens": config.eval.max_new_tokens or config.policy.max_new_tokens,
+        "source": source_digest(),
+    }
+    return _digest(blob)
+
+
+def rm_key(config, weights_digest: str | None, episodes_key: str | None) -> str | None:
+    """What decides the RM's judgments of a split's episodes (`play_key` `episodes_key`),
+    hashed: the RM's weights and its settings (rm.*, but the seed; module docstring)."""
+    if weights_digest is None or episodes_key is None:
+        return None
+    rm = config.rm.model_dump(mode="json", exclude={"model", "optim"})
+    return _digest({"weights": weights_digest, "rm": rm, "episodes": episodes_key})
+
+
+@dataclass(frozen=True)
+class EarlierSplit:
+    """One split of an earlier evaluation (its folder, its summary.json row) whose episodes a new
+    evaluation reuses."""
+
+    folder: Path
+    row: dict
+
+    @property
+    def played_in(self) -> str:
+        """The evaluation that played the episodes ("eval/iter_0000"), through any reuse chain."""
+        return self.row.get("episodes_from") or f"eval/{self.folder.name}"
+
+    @property
+    def judged_in(self) -> str:
+        return self.row.get("judgments_from") or f"eval/{self.folder.name}"
+
+    def _rows(self, name: str, schema) -> pd.DataFrame:
+        frame = read_table(self.folder / name, schema)
+        return frame[frame.split == self.row["split"]].reset_index(drop=True)
+
+    def episodes(self) -> pd.DataFrame:
+        return self._rows("episodes.parquet", EVAL_EPISODES)
+
+    def steps(self) -> pd.DataFrame:
+        return self._rows("steps.parquet", EVAL_STEPS)
+
+    def judgments(self, key: str | None) -> pd.DataFrame | None:
+        """Its RM's judgments of the split where its `rm_key` is `key` (the RM and its settings
+        unchanged: the judgments a new one would draw), else None (judge again)."""
+        if key is None or self.row.get("rm_key") != key or not (self.folder / "judgments.parquet").is_file():
+            return None
+        return self._rows("judgments.parquet", EVAL_JUDGMENTS)
+
+
+def earlier_split(folders: list[Path], split: str, specs: list[dict], keys: dict) -> EarlierSplit | None:
+    """The split `split` of an earlier evaluation in `folders` (each with a summary.json) with the
+    same `play_key` as `keys` -> its episodes are this evaluation's; one whose `rm_key` is also
+    the same first (its judgments are too). None: play. The files must hold the split's episodes
+    of `specs` in order and their steps (a summary.json that names a key its files no longer
+    hold, as after a crash between the two writes, is passed over)."""
+    if keys.get("play_key") is None:
+        return None
+    matches = []
+    for folder in folders:
+        path = Path(folder) / "summary.json"
+        rows = json.loads(path.read_text()).get("splits", []) if path.is_file() else []
+        matches += [
+            EarlierSplit(Path(folder), r) for r in rows if r["split"] == split and r.get("play_key") == keys["play_key"]
+        ]
+    matches.sort(key=lambda m: keys.get("rm_key") is None or m.row.get("rm_key") != keys["rm_key"])
+    wanted = [json.dumps(spec, sort_keys=True) for spec in specs]
+    for match in matches:
+        if (match.folder / "steps.parquet").is_file() and match.episodes().spec.tolist() == wanted:
+            return match
+    return None

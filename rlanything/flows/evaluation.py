@@ -9,8 +9,18 @@ What is evaluated (`target`):
                     `<run>/eval_curves.png` is redrawn from every evaluation of the run so far.
   MODEL             a model folder or `builtin:...` (needs a config for the environment). Results
                     go to `<run.root>/eval/<model>/` and to an MLflow run of their own.
-One Prefect task per split plays the problems, a last one writes episodes.parquet, summary.md
-and eval.png.
+One Prefect task per split plays the problems, a last one writes episodes.parquet, steps.parquet,
+summary.md and eval.png.
+
+No evaluation is played twice: the flow hashes the policy's and the RM's folders once
+(`storage.checkpoints.weights_digest`) and hands every task the run's evaluations so far
+(`<run>/eval/*`, the bare models' `<run.root>/eval/*`). A split that one of them played with the
+same weights, problems and settings (`agent.evaluate.play_key`: a frozen policy, the same
+checkpoint again) copies its episodes instead of playing, and its judgments where the RM is
+unchanged too (`rm_key`); a changed RM judges the copied episodes. summary.json's split rows keep
+both keys and say where reused episodes and judgments come from (`episodes_from`,
+`judgments_from`: "eval/iter_0000"), as do summary.md, the CLI table and the MLflow metrics
+`eval/<split>/episodes_reused` and `judgments_reused`.
 
 The reward model is evaluated beside the policy (`eval.rm`, on by default). The RM of the same
 checkpoint (checkpoints/rm/iter_NNNN; for `@base` and a bare model the config's rm model) judges
@@ -44,7 +54,9 @@ from rlanything.config import Config, ConfigError, load_config
 from rlanything.envs.heldout import SPLITS
 from rlanything.reports.eval import eval_history, plot_eval_curves, training_wall_time
 from rlanything.storage import tracking
+from rlanything.storage.checkpoints import weights_digest
 from rlanything.storage.layout import RunLayout
+from rlanything.storage.parquet import write_text
 from rlanything.tasks.cancellation import stoppable
 from rlanything.tasks.evaluate import eval_report, evaluate_split
 
@@ -185,6 +197,8 @@ def eval_flow(
         (run_id, artifact_path), step = _model_run(config, resolved), 0
     rm_weights, rm_label = rm_target(config, resolved)
     start = time.perf_counter()
+    digests = {"policy": weights_digest(resolved.weights), "rm": weights_digest(rm_weights) if rm_weights else None}
+    earlier = sorted(str(p.parent) for p in out.parent.glob("*/summary.json"))  # the run's evaluations
     parts = [
         evaluate_split(
             str(resolved.config_path),
@@ -197,12 +211,14 @@ def eval_flow(
             str(out / f"{s}.parquet"),
             str(rm_weights) if rm_weights else None,
             rm_label,
+            digests,
+            earlier,
         )
         for s in splits
     ]
     title = f"held-out evaluation of {resolved.label}" + (f" (run {resolved.run_dir.name})" if resolved.run_dir else "")
     details = {
-        "weights": str(resolved.weights),
+        "weights": str(resolved.weights) + (f" (sha256 {digests['policy'][:12]})" if digests["policy"] else ""),
         "environment": config.env.kind,
         "decoding": "greedy (temperature 0)",
         "problems per split": str(config.eval.problems),
@@ -210,8 +226,7 @@ def eval_flow(
         "reward model": rm_label
         + (f" (m = {config.rm.judgments_per_step}, {config.rm.verdict} verdicts)" if rm_weights else ""),
     }
-    judged = [part["judgments"] for part in parts if part["judgments"]]
-    report = eval_report([p for part in parts for p in part["paths"]], judged, str(out), title, details)
+    report = eval_report(parts, str(out), title, details)
     metrics = {k: v for part in parts for k, v in part["metrics"].items()} | report["metrics"]
     metrics["eval/time_s"] = time.perf_counter() - start
     curves = _record(config.mlflow_uri, run_id, resolved, out, report, metrics, artifact_path, step)
@@ -243,7 +258,7 @@ def _record(
         "splits": report["splits"],
         "wall_time_s": wall,
     }
-    (out / "summary.json").write_text(json.dumps(record, indent=2))
+    write_text(json.dumps(record, indent=2), out / "summary.json")  # whole or not at all: read to reuse
     tracking.log_metrics(uri, run_id, {k: v for k, v in metrics.items() if not math.isnan(v)}, step=step)
     tracking.log_artifacts(uri, run_id, [Path(p) for p in report["paths"]] + [out / "summary.json"], artifact_path)
     if resolved.run_dir is None:

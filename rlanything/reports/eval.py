@@ -1,7 +1,14 @@
-"""Views of a held-out evaluation: a markdown summary, a bar plot per split, and the curve of
-held-out accuracy over training (against iteration and against training wall time). Where the RM
-judged the episodes (`eval.rm`), the summary has a second table: its outcome prediction
-(agent/eval_judge.py).
+"""Views of a held-out evaluation: a markdown summary, the terminal table `rlanything eval`
+prints, a bar plot per split, and the curve of held-out accuracy over training (against
+iteration and against training wall time). Where the RM judged the episodes (`eval.rm`), the
+summary and the table have a second part: its outcome prediction (agent/eval_judge.py). Where
+the episodes (or the RM's judgments) were reused from an earlier evaluation of the same weights
+(agent/evaluate.py), both say from which.
+
+The terminal table stands on its side (a row per measure, a column per split): with the RM's
+measures it has 13 of them, which as columns cut the headers and the figures to "ac…" in an
+80-column terminal or a pipe. On its side, the measures' names and two splits' figures fit
+there whole.
 
 Plots are drawn on bare `Figure`s (Agg canvas, no pyplot global state), like the run's other
 reports. The inputs are the summary table of `algo.metrics.success_summary` and, for the
@@ -17,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+from rich.table import Table
 
 from rlanything.algo.rm_accuracy import MIN_CLASS
 from rlanything.metric_names import is_step_time
@@ -75,6 +83,7 @@ def summary_markdown(summary: pd.DataFrame, title: str, details: dict[str, str])
     ]
     if "rm_outcome_accuracy" in summary:
         lines += ["", *rm_markdown(summary)]
+    lines += reuse_markdown(summary.to_dict("records"))
     return "\n".join(lines) + "\n"
 
 
@@ -88,17 +97,18 @@ def _known(row, key: str) -> float | None:
     return None if value is None or value != value else value
 
 
-def auroc_text(row) -> str:
+def auroc_text(row, counts: bool = True) -> str:
     """The RM's outcome AUROC of a summary row with its 95% interval: "0.69 [0.56, 0.81]"; where
     fewer than `MIN_CLASS` judged episodes were solved or unsolved, the counts instead of an
-    interval: "0.62 (too few: 1 solved)"; "n/a" for an AUROC undefined (one outcome or nothing
-    judged). A summary written before the interval existed (no counts): "0.62 [n/a, n/a]"."""
+    interval: "0.62 (too few: 1 solved)" (without `counts`: "0.62 (too few)", where the counts
+    stand beside it); "n/a" for an AUROC undefined (one outcome or nothing judged). A summary
+    written before the interval existed (no counts): "0.62 [n/a, n/a]"."""
     value = _known(row, "rm_outcome_auroc")
-    counts = (("rm_solved_judged", "solved"), ("rm_unsolved_judged", "unsolved"))
-    few = [f"{int(n)} {name}" for key, name in counts if (n := _known(row, key)) is not None and n < MIN_CLASS]
+    classes = (("rm_solved_judged", "solved"), ("rm_unsolved_judged", "unsolved"))
+    few = [f"{int(n)} {name}" for key, name in classes if (n := _known(row, key)) is not None and n < MIN_CLASS]
     text = "n/a" if value is None else f"{value:.2f}"
     if few:
-        return f"{text} (too few: {', '.join(few)})"
+        return f"{text} (too few: {', '.join(few)})" if counts else f"{text} (too few)"
     if value is None:
         return text
     low, high = (_number(_known(row, k), "{:.2f}") for k in ("rm_outcome_auroc_low", "rm_outcome_auroc_high"))
@@ -129,6 +139,83 @@ def rm_markdown(summary: pd.DataFrame) -> list[str]:
         "accuracy: each step's majority verdict against its episode's outcome; score gap: mean score − "
         "mean outcome (positive: the RM is more pleased than the verifier).",
     ]
+
+
+def reuse_markdown(rows: list[dict]) -> list[str]:
+    """summary.md's lines on reused episodes and judgments, one per split that reused any."""
+    lines = []
+    for row in rows:
+        if _known(row, "episodes_from"):
+            line = f"- {row['split']}: episodes reused from {row['episodes_from']} (the same policy weights, "
+            line += "problems and settings: not played again)"
+            if "rm_outcome_accuracy" in row:
+                judged = _known(row, "judgments_from")
+                line += f"; RM judgments {f'reused from {judged} (the same RM)' if judged else 'new (the RM changed)'}"
+            lines.append(line)
+    return ["", "## Reused", "", *lines] if lines else []
+
+
+def _judged_text(row: dict) -> str:
+    judged, solved = _known(row, "rm_judged"), _known(row, "rm_solved_judged")
+    return "n/a" if judged is None else f"{judged:.0f}" + ("" if solved is None else f" ({solved:.0f} solved)")
+
+
+EVAL_TABLE_POLICY = (  # (measure, its text in a summary row): the policy's rows of `eval_table`
+    ("n (valid episodes)", lambda r: str(int(r["n"]))),
+    ("accuracy [95% CI]", ci_text),
+    ("strict (boxed)", lambda r: pct(r["strict_accuracy"])),
+    ("answer fallback", lambda r: pct(r["fallback_accuracy"])),
+    ("format rate", lambda r: pct(r["format_rate"])),
+    ("env errors", lambda r: str(int(r["env_errors"]))),
+)
+EVAL_TABLE_RM = (  # the RM's rows, where it judged the episodes (eval.rm)
+    ("RM judged", _judged_text),
+    ("RM outcome accuracy", lambda r: pct(_known(r, "rm_outcome_accuracy"))),
+    ("RM AUROC [95% CI]", lambda r: auroc_text(r, counts=False)),
+    ("RM step accuracy", lambda r: pct(_known(r, "rm_step_accuracy"))),
+    ("RM score gap", lambda r: _number(_known(r, "rm_score_gap"), "{:+.2f}")),
+    ("RM parse rate", lambda r: pct(_known(r, "rm_parse_rate"))),
+)
+
+
+def eval_table(summary: list[dict], title: str) -> Table:
+    """`rlanything eval`'s table of summary.json's split rows, on its side (module docstring): a
+    row per measure, a column per split; the RM's rows where it judged, a row saying where the
+    episodes (and judgments) came from where any were reused. Every figure fits whole in 80
+    columns; a longer one (a long split name) folds onto a second line, none is cut to "…"."""
+    rm = any("rm_outcome_accuracy" in row for row in summary)
+    reused = any(_known(row, "episodes_from") for row in summary)
+    table = Table(title=title, caption=_caption(rm, reused), caption_justify="left")
+    table.add_column("measure", overflow="fold")
+    for row in summary:
+        table.add_column(row["split"], overflow="fold")
+    policy = [*EVAL_TABLE_POLICY]
+    if reused:
+        policy.append(
+            ("episodes", lambda r: f"reused: {r['episodes_from']}" if _known(r, "episodes_from") else "played")
+        )
+    for name, text in policy:
+        table.add_row(name, *(text(row) for row in summary))
+    if rm:
+        table.add_section()
+        judged = (
+            ("RM judgments", lambda r: f"reused: {r['judgments_from']}" if _known(r, "judgments_from") else "new"),
+        )
+        for name, text in (*EVAL_TABLE_RM, *(judged if reused else ())):
+            table.add_row(name, *(text(row) if "rm_outcome_accuracy" in row else "n/a" for row in summary))
+    return table
+
+
+def _caption(rm: bool, reused: bool) -> str:
+    notes = ["Greedy episodes; intervals: Wilson score, 95%."]
+    if rm:
+        notes.append(
+            f"RM AUROC: solved above unsolved episodes by mean step score; its interval needs {MIN_CLASS} judged "
+            "episodes of each outcome, else (too few)."
+        )
+    if reused:
+        notes.append("Reused: the same weights played these problems in that evaluation (summary.md).")
+    return " ".join(notes)
 
 
 def plot_splits(summary: pd.DataFrame, title: str, out: Path) -> Path:

@@ -14,11 +14,16 @@ AdamW state, and a crash anywhere in N+1 resumes from them again; nothing older 
 loop. With `run.keep_checkpoints = K` the weights of iterations N-K+1..N stay, the optimizer
 state only in N's folder, everything older goes. Each removal is appended to
 `checkpoints/pruned.jsonl`.
+
+Identity (`weights_digest`): a digest of what a folder holds for generation (weights, model and
+generation config, tokenizer; not the optimizer state), by which a held-out evaluation knows the
+policy it plays has not changed since an earlier one (tasks/evaluate.py).
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -58,6 +63,47 @@ def folder_bytes(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def weights_digest(folder: Path) -> str | None:
+    """sha256 (hex) of the files of a model folder that decide what it generates: every file but
+    the optimizer state (`OPTIMIZER_FILES`), path, size and bytes, in path order (the tokenizer's
+    padding side left out: `_tokenizer_config`); None where `folder` is no folder (nothing to
+    compare it by). Two folders with the same digest generate alike; a frozen update
+    (`optim.frozen`) writes the same files again, so its checkpoints share one. A LoRA `save:
+    adapter` folder names its base by path (adapter_config.json): the base's files are not
+    hashed. Reads every byte once (about a second per 500 MB)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        relative = path.relative_to(folder)
+        if relative.parts[0] in OPTIMIZER_FILES or relative.name.startswith("."):
+            continue
+        if relative.as_posix() == "tokenizer_config.json":
+            data = _tokenizer_config(path)
+            digest.update(f"{relative.as_posix()}\0{len(data)}\0".encode() + data)
+            continue
+        digest.update(f"{relative.as_posix()}\0{path.stat().st_size}\0".encode())
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 22):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def _tokenizer_config(path: Path) -> bytes:
+    """tokenizer_config.json without `padding_side`: a checkpoint saves the tokenizer as
+    `models.loading.load_tokenizer` left it (padding_side left), its base model folder may not
+    name it, and every load sets it again: it decides nothing (a frozen policy's first checkpoint
+    then shares its base model's digest)."""
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        return path.read_bytes()
+    if isinstance(data, dict):
+        data.pop("padding_side", None)
+    return json.dumps(data, sort_keys=True).encode()
 
 
 def _mib(n: int) -> str:

@@ -227,6 +227,20 @@ EVAL_EPISODES = pa.schema(
     ]
 )
 
+# eval/<...>/steps.parquet beside episodes.parquet: every step of every held-out episode, what the
+# RM judges (its response and the observation that answered it). Kept so that a later evaluation
+# of the same weights can reuse the episodes and still have them judged by another RM.
+EVAL_STEPS = pa.schema(
+    [
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("problem_idx", pa.int32(), nullable=False),  # the episode's row in episodes.parquet
+        pa.field("step_idx", pa.int32(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),  # <split>-NNNNN, as the rollout loop named it
+        pa.field("response", pa.string(), nullable=False),
+        pa.field("observation", pa.string(), nullable=False),
+    ]
+)
+
 # Artifact name (iter_NNNN/<name>.parquet, as `storage/layout.py` PIPELINE lists them) -> its schema:
 # the one place the pairing is written; read and write artifacts through `storage/artifacts.py`.
 # eval/<...>/judgments.parquet beside episodes.parquet: the RM of the evaluated checkpoint on the

@@ -1,5 +1,7 @@
-"""Held-out evaluation as Prefect tasks: one per split (the policy plays, the RM judges), then
-the report (`flows/evaluation.py`)."""
+"""Held-out evaluation as Prefect tasks: one per split (the policy plays, the RM judges; or
+where an earlier evaluation played the same problems with the same weights, its episodes are
+copied and judged only by an RM that changed: agent/evaluate.py), then the report
+(`flows/evaluation.py`)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 from prefect import task
 
-from rlanything.agent.eval_judge import judge_split, merge_judgments, rm_measures
-from rlanything.agent.evaluate import heldout_problems, play_greedy_steps
+from rlanything.agent.eval_judge import judge_split, rm_measures
+from rlanything.agent.evaluate import earlier_split, heldout_problems, play_greedy_steps, play_key, rm_key, step_rows
 from rlanything.algo.metrics import success_summary
 from rlanything.config import load_config
 from rlanything.envs.heldout import SPLITS
@@ -20,7 +22,7 @@ from rlanything.models.engine_factory import make_engine
 from rlanything.reports.eval import RM_MEASURES, plot_splits, summary_markdown
 from rlanything.storage.buffer import read_buffer
 from rlanything.storage.parquet import read_table, write_table
-from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS
+from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS, EVAL_STEPS
 from rlanything.tasks.common import inject_fault, noting_stops
 from rlanything.tasks.scoring import steps_to_judge
 
@@ -38,6 +40,16 @@ def trained_specs(run_dir: str | None) -> list[dict]:
     return list(specs.values())
 
 
+def _play(config, weights: str, specs: list[dict], split: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The policy in `weights` plays `specs` greedily -> (episodes, EVAL_STEPS steps); its
+    engine is gone when this returns (before the RM loads)."""
+    engine, tokenizer = make_engine(config.policy, "policy", Path(weights))
+    max_new_tokens = config.eval.max_new_tokens or config.policy.max_new_tokens
+    rows, steps = play_greedy_steps(engine, tokenizer, config.env, specs, split, max_new_tokens=max_new_tokens)
+    episodes = pd.DataFrame(rows) if rows else pd.DataFrame(columns=EVAL_EPISODES.names)
+    return episodes, pd.DataFrame(step_rows(split, steps), columns=EVAL_STEPS.names)
+
+
 @task(name="eval-split", task_run_name="eval {split}")
 @noting_stops
 def evaluate_split(
@@ -51,62 +63,91 @@ def evaluate_split(
     out: str,
     rm_weights: str | None = None,
     rm_label: str = "",
+    digests: dict[str, str | None] | None = None,
+    earlier: list[str] | None = None,
 ) -> dict:
-    """Play `eval.problems` held-out problems of `split` greedily -> `out` (EVAL_EPISODES); with
-    `rm_weights`, that RM judges every step of the valid ones -> `<split>.judgments.parquet`."""
+    """Play `eval.problems` held-out problems of `split` greedily -> `out` (EVAL_EPISODES) and
+    `<split>.steps.parquet`; with `rm_weights`, that RM judges every step of the valid ones ->
+    `<split>.judgments.parquet`. Where an evaluation in `earlier` (folders) played the same
+    problems with the same weights (`digests`: the policy's and the RM's `weights_digest`), its
+    episodes are copied instead, and its judgments where the RM is unchanged too
+    (`agent.evaluate.earlier_split`); the returned `provenance` says which."""
     inject_fault("eval", BASE_ITERATION if iteration is None else iteration, "start")
     config = load_config(config_path, overrides)
     specs, dropped = heldout_problems(config.env, split, config.eval.problems, config.run.seed, trained_specs(run_dir))
-    engine, tokenizer = make_engine(config.policy, "policy", Path(weights))
-    max_new_tokens = config.eval.max_new_tokens or config.policy.max_new_tokens
-    rows, steps = play_greedy_steps(engine, tokenizer, config.env, specs, split, max_new_tokens=max_new_tokens)
-    del engine  # before the RM loads
-    rows = [{**row, "weights": label, "iteration": iteration} for row in rows]
-    path = write_table(rows, EVAL_EPISODES, Path(out))
-    result = {"paths": [str(path)], "judgments": None, "metrics": {f"eval/{split}/dropped_seen": dropped}}
+    keys = {"play_key": play_key(config, split, specs, (digests or {}).get("policy"))}
+    if rm_weights is not None:
+        keys["rm_key"] = rm_key(config, (digests or {}).get("rm"), keys["play_key"])
+    source = earlier_split([Path(f) for f in earlier or []], split, specs, keys)
+    episodes, steps = _play(config, weights, specs, split) if source is None else (source.episodes(), source.steps())
+    path = write_table(episodes.assign(weights=label, iteration=iteration), EVAL_EPISODES, Path(out))
+    steps_path = write_table(steps, EVAL_STEPS, path.with_name(f"{split}.steps.parquet"))
+    metrics = {f"eval/{split}/dropped_seen": dropped, f"eval/{split}/episodes_reused": float(source is not None)}
+    provenance = {**keys, "episodes_from": source.played_in if source else None}
+    result = {"split": split, "paths": [str(path)], "steps": str(steps_path), "judgments": None}
     if rm_weights is not None:
         start = time.perf_counter()
-        # the rm_score step's context builder; traj_id = problem_idx, an invalid episode left out
-        episodes = pd.DataFrame(rows).rename(columns={"problem_idx": "traj_id"}).assign(pending=False)
-        step_frame = pd.DataFrame(steps, columns=["traj_id", "task_id", "step_idx", "response", "observation"])
-        contexts = steps_to_judge(step_frame, episodes, episodes)
+        earlier_judgments = source.judgments(keys["rm_key"]) if source else None
         judged = path.with_name(f"{split}.judgments.parquet")
-        result["judgments"] = str(judge_split(config, Path(rm_weights), rm_label, contexts, split, iteration, judged))
-        result["metrics"][f"eval/{split}/rm_time_s"] = time.perf_counter() - start
-    return result
+        if earlier_judgments is None:
+            # the rm_score step's context builder; traj_id = problem_idx, an invalid episode left out
+            frame = episodes.rename(columns={"problem_idx": "traj_id"}).assign(pending=False)
+            contexts = steps_to_judge(steps.rename(columns={"problem_idx": "traj_id"}), frame, frame)
+            judge_split(config, Path(rm_weights), rm_label, contexts, split, iteration, judged)
+        else:
+            write_table(earlier_judgments.assign(weights=rm_label, iteration=iteration), EVAL_JUDGMENTS, judged)
+        result["judgments"] = str(judged)
+        provenance["judgments_from"] = source.judged_in if earlier_judgments is not None else None
+        metrics[f"eval/{split}/judgments_reused"] = float(earlier_judgments is not None)
+        metrics[f"eval/{split}/rm_time_s"] = time.perf_counter() - start
+    return result | {"metrics": metrics, "provenance": provenance}
 
 
-def _other_splits(path: Path, schema, evaluated: set[str]) -> pd.DataFrame:
-    """The rows of an earlier evaluation's file (episodes or judgments) whose split is not
-    evaluated again now: kept beside the new ones."""
-    if not path.exists():
-        return pd.DataFrame(columns=schema.names)
-    frame = read_table(path, schema)
-    return frame[~frame.split.isin(evaluated)]
+def _merged(path: Path, schema, parts: list[str], evaluated: set[str]) -> pd.DataFrame:
+    """The splits' part files (removed) and the rows of the earlier `path` whose split is not
+    evaluated again now (kept beside the new ones), in `SPLITS` order."""
+    frames = [read_table(Path(p), schema) for p in parts]
+    if path.exists():  # an earlier evaluation in this folder
+        earlier = read_table(path, schema)
+        frames.insert(0, earlier[~earlier.split.isin(evaluated)])
+    frames = [f for f in frames if len(f)] or [pd.DataFrame(columns=schema.names)]
+    merged = pd.concat(frames, ignore_index=True)
+    for part in parts:
+        Path(part).unlink()
+    return merged.sort_values("split", key=lambda s: s.map(SPLITS.index), kind="stable", ignore_index=True)
+
+
+PROVENANCE = ("play_key", "rm_key", "episodes_from", "judgments_from")
+"""The keys of a summary.json split row that say where its episodes and judgments come from
+(`evaluate_split`'s provenance): what a later evaluation compares to reuse them."""
+
+
+def _provenance(out: Path, parts: list[dict], evaluated: set[str]) -> dict[str, dict]:
+    """split -> its `PROVENANCE`: this evaluation's for the splits evaluated now, the earlier
+    summary.json's for the splits kept from it."""
+    earlier = json.loads((out / "summary.json").read_text())["splits"] if (out / "summary.json").exists() else []
+    kept = {r["split"]: {k: r.get(k) for k in PROVENANCE} for r in earlier if r["split"] not in evaluated}
+    return kept | {part["split"]: part["provenance"] for part in parts}
 
 
 @task(name="eval-report")
 @noting_stops
-def eval_report(
-    split_paths: list[str], judgment_paths: list[str], out_dir: str, title: str, details: dict[str, str]
-) -> dict:
-    """The splits' episodes (and, where the RM judged them, their judgments) -> episodes.parquet,
-    judgments.parquet, summary.md, eval.png; the split rows of summary.json and the metrics
-    `eval/<split>/<measure>` (accuracy, ci_low, ci_high, strict_accuracy, fallback_accuracy,
-    format_rate, n, env_errors, and the RM's `RM_MEASURES`). An earlier evaluation of the same
-    weights keeps its other splits (evaluating `ood` after `in_domain` adds to the files, it does
-    not replace them); without judgments now or kept (eval.rm off, no judging RM) an earlier
-    judgments.parquet is removed."""
+def eval_report(parts: list[dict], out_dir: str, title: str, details: dict[str, str]) -> dict:
+    """The splits' episodes, steps and, where the RM judged them, judgments (`parts`: what
+    `evaluate_split` returned) -> episodes.parquet, steps.parquet, judgments.parquet, summary.md,
+    eval.png; the split rows of summary.json and the metrics `eval/<split>/<measure>` (accuracy,
+    ci_low, ci_high, strict_accuracy, fallback_accuracy, format_rate, n, env_errors, and the RM's
+    `RM_MEASURES`). An earlier evaluation of the same weights keeps its other splits (evaluating
+    `ood` after `in_domain` adds to the files, it does not replace them); without judgments now
+    or kept (eval.rm off, no judging RM) an earlier judgments.parquet is removed."""
     out = Path(out_dir)
-    new = pd.concat([read_table(Path(p), EVAL_EPISODES) for p in split_paths], ignore_index=True)
-    evaluated = set(new.split)
-    kept = _other_splits(out / "episodes.parquet", EVAL_EPISODES, evaluated)
-    episodes = pd.concat([f for f in (kept, new) if len(f)] or [new], ignore_index=True)
-    episodes = episodes.sort_values("split", key=lambda s: s.map(SPLITS.index), kind="stable", ignore_index=True)
-    kept_judgments = _other_splits(out / "judgments.parquet", EVAL_JUDGMENTS, evaluated)
+    evaluated = {part["split"] for part in parts}
+    episodes = _merged(out / "episodes.parquet", EVAL_EPISODES, [p for part in parts for p in part["paths"]], evaluated)
+    steps = _merged(out / "steps.parquet", EVAL_STEPS, [part["steps"] for part in parts], evaluated)
+    judged = [part["judgments"] for part in parts if part["judgments"]]
+    provenance = _provenance(out, parts, evaluated)
     paths = [write_table(episodes, EVAL_EPISODES, out / "episodes.parquet")]
-    for part in split_paths:  # now inside episodes.parquet
-        Path(part).unlink()
+    paths.append(write_table(steps, EVAL_STEPS, out / "steps.parquet"))
     summary = success_summary(episodes, ["env_kind", "split"])
     measures = (
         "accuracy",
@@ -120,22 +161,18 @@ def eval_report(
     )
     metrics = {f"eval/{r['split']}/{m}": float(r[m]) for _, r in summary.iterrows() for m in measures}
     splits = json.loads(summary.to_json(orient="records"))  # NaN -> null
-    table = summary
-    if judgment_paths or len(kept_judgments):
-        judgments = kept_judgments
-        if judgment_paths:
-            merged = merge_judgments([Path(p) for p in judgment_paths], out / "judgments.parquet")
-            fresh = read_table(merged, EVAL_JUDGMENTS)
-            judgments = pd.concat([f for f in (kept_judgments, fresh) if len(f)] or [fresh], ignore_index=True)
+    judgments = _merged(out / "judgments.parquet", EVAL_JUDGMENTS, judged, evaluated)
+    if judged or len(judgments):  # judged now (maybe nothing: no valid episode), or kept
         paths.append(write_table(judgments, EVAL_JUDGMENTS, out / "judgments.parquet"))
         rm = rm_measures(episodes, judgments)
         for row in splits:
             values = rm[row["split"]]
             row.update({k: None if math.isnan(v) else v for k, v in values.items()})  # JSON: NaN -> null
             metrics |= {f"eval/{row['split']}/{k}": float(values[k]) for k in RM_MEASURES}
-        table = pd.DataFrame(splits)
     else:
         (out / "judgments.parquet").unlink(missing_ok=True)  # from an earlier evaluation with the RM
-    (out / "summary.md").write_text(summary_markdown(table, title, details))
+    for row in splits:
+        row.update({k: v for k, v in provenance.get(row["split"], {}).items() if v is not None})
+    (out / "summary.md").write_text(summary_markdown(pd.DataFrame(splits), title, details))
     paths += [out / "summary.md", plot_splits(summary, title, out / "eval.png")]
     return {"paths": [str(p) for p in paths], "metrics": metrics, "splits": splits}

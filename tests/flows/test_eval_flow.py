@@ -52,6 +52,9 @@ def test_training_evaluates_every_iteration_and_draws_the_curves(evaluated_run):
         assert not (out / "in_domain.parquet").exists()  # merged into episodes.parquet
         walls.append(json.loads((out / "summary.json").read_text())["wall_time_s"])
     assert walls[0] == 0 < walls[1] < walls[2]  # training seconds: the curve's x against wall time
+    for folder in ("base", "iter_0000", "iter_0001"):  # the policy trained: every evaluation played its episodes
+        rows = json.loads((run_dir / "eval" / folder / "summary.json").read_text())["splits"]
+        assert len({row["play_key"] for row in rows}) == 2 and not [row for row in rows if "episodes_from" in row]
     # accuracy against iteration and against wall time: each panel draws the splits' lines and CI bands
     assert_every_panel_drawn(run_dir / "eval_curves.png", (1040, 360), (1, 2))
     client = MlflowClient(evaluated_run["mlflow_uri"])
@@ -67,6 +70,7 @@ def test_training_evaluates_every_iteration_and_draws_the_curves(evaluated_run):
         history = client.get_metric_history(run_id, key)
         assert sorted(m.step for m in history) == [-1, 0, 1], key
     assert {m.value for m in client.get_metric_history(run_id, "eval/in_domain/n")} == {3.0}
+    assert {m.value for m in client.get_metric_history(run_id, "eval/ood/episodes_reused")} == {0.0}
     ci_high = client.get_metric_history(run_id, "eval/in_domain/ci_high")
     assert all(0.5 < m.value <= 1.0 for m in ci_high)  # Wilson upper bound of ≤ 3 successes in 3
     names = {Path(a.path).name for a in client.list_artifacts(run_id, "eval/iter_0001")}
@@ -166,15 +170,28 @@ def wide_console(monkeypatch):
     monkeypatch.setattr(cli.console, "width", 250)  # rich wraps at 80 columns without a terminal
 
 
-def test_cli_prints_the_table(evaluated_run, wide_console):
+@pytest.fixture
+def narrow_console(monkeypatch):
+    from rlanything import cli
+
+    monkeypatch.setattr(cli.console, "width", 80)  # an 80-column terminal, or a pipe (rich's default)
+
+
+def test_cli_prints_the_table(evaluated_run, narrow_console):
     run_dir = evaluated_run["run_dir"]
-    result = runner.invoke(app, ["eval", f"{run_dir}@0", "--split", "in_domain", "--problems", "2"], terminal_width=200)
+    result = runner.invoke(app, ["eval", f"{run_dir}@0", "--split", "in_domain", "--problems", "2"])
     assert result.exit_code == 0, result.output
-    assert "accuracy [95% CI]" in result.output and "in_domain" in result.output
-    assert "RM outcome acc" in result.output and "RM AUROC" in result.output  # the RM judged (eval.rm)
+    lines = result.output.splitlines()
+    assert "…" not in result.output and max(map(len, lines)) <= 80, result.output  # nothing cut
+    assert any("accuracy [95% CI]" in line for line in lines) and "in_domain" in result.output
+    # the RM judged (eval.rm): 2 episodes, none solved
+    for cell in ("RM outcome accuracy", "RM AUROC [95% CI]", "n/a (too few)", "2 (0 solved)"):
+        assert any(cell in line for line in lines), (cell, result.output)
     # 2 problems: one of the three Wilson intervals of k/2 (by hand: 0/2 -> [0, 0.6576], 1/2 -> [0.0945, 0.9055])
     assert any(
-        cell in result.output for cell in ("0.0% [0.0%, 65.8%]", "50.0% [9.5%, 90.5%]", "100.0% [34.2%, 100.0%]")
+        cell in line
+        for line in lines
+        for cell in ("0.0% [0.0%, 65.8%]", "50.0% [9.5%, 90.5%]", "100.0% [34.2%, 100.0%]")
     )
     episodes = read_table(Path(run_dir) / "eval" / "iter_0000" / "episodes.parquet", EVAL_EPISODES)
     assert (episodes.split == "in_domain").sum() == 2  # replaced by this evaluation's 2 problems
