@@ -70,9 +70,10 @@ class Environment(Protocol):
     replayable: ClassVar[bool] = True
     """False for environments whose episodes cannot be replayed to the same end (a desktop VM):
     verify then keeps the outcome evaluated at the end of the live episode."""
-    example: tuple[str, str] | None = None
-    """A solved (problem, answer) pair the policy sees before the episode's first observation,
-    set by `reset` (reasoning-gym's `worked_example`); None: no example."""
+    example: tuple[tuple[str, str], ...] | None = None
+    """The (observation, answer) turns of a solved problem the policy sees before the episode's
+    first observation, set by `reset` (reasoning-gym's `worked_example`: one turn; a text game's:
+    every turn of a won episode of another game); None: no example."""
     test_results: list[bool] | None = None
     """The per-test results of the last `outcome()`, for environments with ground-truth tests
     (coding); None for the others."""
@@ -157,9 +158,9 @@ def screenshot(env: Environment) -> bytes | None:
     return optional(env, "last_screenshot")()
 
 
-def example_of(env: Environment) -> tuple[str, str] | None:
-    """`env.example`: the solved (problem, answer) pair the policy sees before the episode's first
-    observation, or None."""
+def example_of(env: Environment) -> tuple[tuple[str, str], ...] | None:
+    """`env.example`: the (observation, answer) turns of a solved problem the policy sees before
+    the episode's first observation, or None."""
     return optional(env, "example")
 
 

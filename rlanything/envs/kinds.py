@@ -83,6 +83,10 @@ class TextWorldOptions(_Options):
     tw-cooking, {level} for tw-treasure_hunter / tw-coin_collector, {rewards, goal} for tw-simple."""
     games_dir: str | None = None
     """Cache of generated games, one folder per spec; default `<RLANYTHING_CACHE>/textworld`."""
+    worked_example: bool = False
+    """Show the policy one won episode of another game of the same type and settings (a
+    reserved seed, never trained on or evaluated) before the game, turn by turn, each winning
+    command boxed as an earlier answer (envs/textgame.py)."""
 
 
 class TextWorldExpressOptions(_Options):
@@ -94,6 +98,10 @@ class TextWorldExpressOptions(_Options):
     limitInventorySize)."""
     fold: Literal["train", "dev", "test"] = "train"
     """Seed split the initial buffer draws its games from."""
+    worked_example: bool = False
+    """Show the policy one won episode of another game of the same type and settings (a
+    reserved seed, never trained on or evaluated) before the game, turn by turn, each winning
+    command boxed as an earlier answer (envs/textgame.py)."""
 
 
 ALFWORLD_TASK_TYPES = (

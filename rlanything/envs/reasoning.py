@@ -67,13 +67,13 @@ class ReasoningGymEnv(Environment):
         self._built: dict[str, Any] | None = None
         self._answer: str | None = None
         self._worked_example = bool(config is not None and config.options.worked_example)
-        self.example: tuple[str, str] | None = None
-        """(question, answer) shown to the policy before the problem, or None."""
+        self.example: tuple[tuple[str, str], ...] | None = None
+        """The one (question, answer) turn shown to the policy before the problem, or None."""
 
     def reset(self, spec: dict[str, Any]) -> str:
         self._built = build_entry(spec)
         self._answer = None
-        self.example = worked_example(spec) if self._worked_example else None
+        self.example = (worked_example(spec),) if self._worked_example else None
         return self._built["entry"]["question"]
 
     def step(self, action: str | None) -> StepResult:

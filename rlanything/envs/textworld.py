@@ -61,7 +61,7 @@ import textworld.challenges
 from textworld.generator import compile_game
 
 from rlanything.envs.base import StepLabel
-from rlanything.envs.textgame import TextGameEnv, observation, parse_json_box, resolve_command, tidy
+from rlanything.envs.textgame import TextGameEnv, observation, parse_json_box, resolve_command, tidy, worked_example
 from rlanything.seeding import slot_seed
 
 if TYPE_CHECKING:
@@ -334,6 +334,8 @@ class TextWorldEnv(TextGameEnv):
         self._goal = tidy(state.objective)
         self._commands = sorted(state.admissible_commands)
         self._won = self._done = False
+        if self.config.options.worked_example:
+            self.example = worked_example(self, spec, lambda example: walkthrough(self.config, example))
         return observation(self._goal, clean_feedback(state.description), self._commands)
 
     @staticmethod

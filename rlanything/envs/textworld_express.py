@@ -38,6 +38,7 @@ from rlanything.envs.textgame import (
     parse_json_box,
     resolve_command,
     tidy,
+    worked_example,
 )
 from rlanything.seeding import slot_seed
 
@@ -131,8 +132,12 @@ class TextWorldExpressEnv(Environment):
         self._game = None
         self._goal, self._commands = "", []
         self._won = self._done = False
+        self.example: tuple[tuple[str, str], ...] | None = None
+        """A won episode of another game of the same settings (`textgame.worked_example`), or None."""
 
     def reset(self, spec: dict[str, Any]) -> str:
+        if self.config.options.worked_example:  # before this game loads: the example has its own
+            self.example = worked_example(self, spec, gold_path)
         if self._game is None:
             self._game = _new_game()
         first = _start(self._game, spec)

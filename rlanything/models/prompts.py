@@ -4,11 +4,14 @@ The policy sees the environment's instructions, then alternating observations an
 earlier responses: a multi-turn chat whose rendered tokens are exactly the context of a step.
 The RM sees the task, the history up to the step, the step's response and the next
 observation, and must end with \\boxed{1} or \\boxed{-1} (docs/method.md). The policy's prompt
-carries an example answer only where the environment gives one (`example`, e.g. reasoning-gym's
-`worked_example`): an example of the same kind of problem, whose answer differs, so copying it fails.
+carries a worked example only where the environment gives one (`example`: reasoning-gym's
+`worked_example`, one solved problem; a text game's, one won episode of another game, turn by
+turn): an example of the same kind of problem, whose answer differs, so copying it fails.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 JUDGE_SYSTEM = (
     "You are a careful reward model. You judge ONE step of an agent solving a task. "
@@ -24,14 +27,18 @@ UNIT_TEST_SYSTEM = (
 
 
 def policy_messages(
-    system_prompt: str, observations: list[str], responses: list[str], example: tuple[str, str] | None = None
+    system_prompt: str,
+    observations: list[str],
+    responses: list[str],
+    example: Sequence[tuple[str, str]] | None = None,
 ) -> list[dict]:
     """observations[k] precedes responses[k]; len(observations) == len(responses) + 1;
-    `example`, a solved (problem, answer) pair, comes first as a user and an assistant turn."""
+    `example`, the (observation, answer) turns of a solved problem, comes first as alternating
+    user and assistant turns."""
     assert len(observations) == len(responses) + 1
     messages = [{"role": "system", "content": system_prompt}]
-    if example is not None:
-        messages += [{"role": "user", "content": example[0]}, {"role": "assistant", "content": example[1]}]
+    for shown, answer in example or ():
+        messages += [{"role": "user", "content": shown}, {"role": "assistant", "content": answer}]
     for k, obs in enumerate(observations):
         messages.append({"role": "user", "content": obs})
         if k < len(responses):

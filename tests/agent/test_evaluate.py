@@ -305,5 +305,6 @@ def test_the_worked_example_is_the_first_exchange_of_every_prompt(tiny_tokenizer
     for spec, observations in zip(specs, seen):
         question, answer = worked_example(spec)
         assert observations == [question, build_entry(spec)["entry"]["question"]]
-    prompt = render(tiny_tokenizer, policy_messages("sys", ["Calculate 1 + 2."], [], ("Calculate 3 + 3.", "SHOWN")))[0]
+    shown = [("Calculate 3 + 3.", "SHOWN")]
+    prompt = render(tiny_tokenizer, policy_messages("sys", ["Calculate 1 + 2."], [], shown))[0]
     assert prompt.index("Calculate 3 + 3.") < prompt.index("SHOWN") < prompt.index("Calculate 1 + 2.")

@@ -92,7 +92,7 @@ def test_worked_example_is_a_solved_problem_of_a_reserved_seed():
     harder = {**spec, "config": {**EASY, "max_digits": 2, "min_digits": 2}}
     for s in (spec, harder):
         question = env.reset(s)
-        example_question, example_answer = env.example
+        ((example_question, example_answer),) = env.example
         entry = build_entry({**s, "seed": EXAMPLE_SEED})["entry"]
         assert example_question == entry["question"] != question
         assert entry["metadata"]["difficulty"] == build_entry(s)["entry"]["metadata"]["difficulty"]  # same knobs
@@ -104,7 +104,7 @@ def test_worked_example_is_a_solved_problem_of_a_reserved_seed():
         example_env.step(parse_answer(example_answer)[0])
         assert example_env.outcome() == 1
     env.reset(spec)
-    assert env.example == worked_example(spec)
+    assert env.example == (worked_example(spec),)
     # never a problem of training (any run seed) nor of evaluation
     assert not is_heldout_seed(EXAMPLE_SEED)
     for run_seed in (0, 1, 7, -3):

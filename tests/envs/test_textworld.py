@@ -211,3 +211,67 @@ def test_twx_specs_rewrites_and_refusals():
     with pytest.raises(ValueError, match="must be an integer"):
         Env.parse_rewrite(spec, '\\boxed{{"numLocations": "two"}}')
     assert "numItemsToPutAway" in Env.rewrite_instructions(spec, "easier")
+
+
+# Worked examples (options.worked_example)
+
+
+def replay_wins(config, spec, turns) -> bool:
+    """Play the example's boxed answers in `spec`'s game from reset: do they win it?"""
+    env = make_env(config)
+    try:
+        first = env.reset(spec)
+        assert first == turns[0][0]  # the example starts where that game starts
+        for k, (_, answer) in enumerate(turns):
+            result = env.step(answer.removeprefix("\\boxed{").removesuffix("}"))
+            if k + 1 < len(turns):
+                assert result.observation == turns[k + 1][0] and not result.done
+        return result.done and env.outcome() == 1
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("kind", ["textworld", "textworld_express"])
+def test_the_worked_example_is_a_won_game_of_the_same_settings_at_a_reserved_seed(games, tiny_tokenizer, kind):
+    from scripted_policy import ScriptedPolicy, tasks_of
+
+    from rlanything.agent.rollout import play
+    from rlanything.envs.heldout import EXAMPLE_SEED, is_heldout_seed
+    from rlanything.envs.textgame import boxed
+
+    plain = tw_config(games) if kind == "textworld" else twx_config(2)
+    config = build_config(
+        {"env": {**plain.model_dump(), "options": {**plain.options.model_dump(), "worked_example": True}}}
+    ).env
+    specs = initial_specs(config, seed=0)
+    assert first_observations(plain, specs[:1]) and make_env(plain).example is None  # off unless asked
+    env = make_env(config)
+    first = env.reset(specs[0])
+    turns = env.example
+    env.close()
+    assert turns and all(answer.startswith("\\boxed{") for _, answer in turns)
+    assert first not in [shown for shown, _ in turns]  # another game than the one played
+    assert not is_heldout_seed(EXAMPLE_SEED) and EXAMPLE_SEED not in [s["seed"] for s in specs]
+    assert replay_wins(plain, {**specs[0], "seed": EXAMPLE_SEED}, turns)
+    # a rewritten (harder) task's example is a game of its own settings
+    Env = type(env)
+    harder = Env.parse_rewrite(specs[0], Env.rule_rewrite(specs[0], "harder"))
+    env.reset(harder)
+    assert env.example != turns and replay_wins(plain, {**harder, "seed": EXAMPLE_SEED}, env.example)
+    env.close()
+    # the rollout's prompt: the example's turns first, answered, then the game played
+    seen = []
+    policy = ScriptedPolicy(tiny_tokenizer, lambda observations: seen.append(observations) or boxed("look"))
+    play(
+        policy,
+        tiny_tokenizer,
+        lambda: make_env(config),
+        tasks_of(specs[:1]),
+        group_size=1,
+        max_steps=1,
+        max_new_tokens=8,
+        temperature=1.0,
+        top_p=1.0,
+        seed=0,
+    )
+    assert seen[0] == [shown for shown, _ in turns] + [first]
