@@ -265,10 +265,18 @@ LIBRARY_MODULES = [
 ]
 
 
+# Third-party imports that set variables themselves: transformers 5.24's modeling_utils imports
+# torch._dynamo (integrations/deepgemm.py), which sets TORCHINDUCTOR_CACHE_DIR. Imported before the
+# snapshot, so the test sees what our modules set, not what our dependencies do.
+THIRD_PARTY = ("transformers.modeling_utils",)
+
+
 @pytest.mark.parametrize("module", LIBRARY_MODULES)
 def test_importing_the_library_changes_no_environment_variable(module):
     code = (
-        "import importlib, json, os, sys; before = dict(os.environ); importlib.import_module(sys.argv[1]); "
+        "import importlib, json, os, sys; "
+        f"[importlib.import_module(m) for m in {THIRD_PARTY!r}]; "
+        "before = dict(os.environ); importlib.import_module(sys.argv[1]); "
         "print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "HF_", "TRANSFORMERS_"))}
