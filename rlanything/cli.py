@@ -306,7 +306,12 @@ def ablation(
         int | None, typer.Option("--iterations", "-n", min=1, help="Iterations per arm (the equal budget).")
     ] = None,
     budget_minutes: Annotated[
-        float | None, typer.Option(min=0.01, help="Training minutes per arm (the steps' own times; equal budget).")
+        float | None,
+        typer.Option(
+            min=0.01,
+            help="Training minutes per arm (the steps' own times; equal budget): an arm starts no "
+            "iteration predicted to end past it (its longest iteration so far).",
+        ),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Experiment name (default: <run.name>-ablation).")] = None,
     arms: Annotated[
