@@ -28,3 +28,20 @@ def test_decode_step_benchmark_prints_both_layouts_against_the_limit():
     assert [(s, o) for s, o, _, _ in lines] == [("9", "6"), ("12", "8")], out.stdout
     assert all(float(rows) > 0 and float(once) > 0 for _, _, rows, once in lines)
     assert "ct2" not in out.stdout.split("limit")[1]  # --no-ct2: no CTranslate2 column
+
+
+def test_textgame_base_benchmark_plays_held_out_games_and_prints_the_win_rate(tmp_path):
+    """The text-game starting-point benchmark on the tiny model and two one-room games: every
+    turn and the closing line parse, and the worked example is played before the games."""
+    command = [sys.executable, "benchmarks/textgame_base.py", "-c", "configs/tiny-textworld.yaml", "-n", "2"]
+    command += ["--set", "env.options.worked_example=true", "--set", f"env.options.games_dir={tmp_path}"]
+    command += ["--set", "env.max_steps=2"]
+    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert re.search(r"^2 in_domain games of textworld ready in [\d.]+ s$", out.stdout, re.M), out.stdout
+    turns = re.findall(r"turn: +(\d+) games, prompt max +(\d+) mean +(\d+) tokens", out.stdout)
+    assert turns and int(turns[0][0]) == 2 and len(turns) <= 2, out.stdout  # at most env.max_steps turns
+    done = re.search(r"strict wins (\d+)/2 = [\d.]+% \[[\d.]+, [\d.]+\]; replies boxed (\d+)/(\d+)", out.stdout)
+    assert done and int(done.group(3)) == sum(int(t[0]) for t in turns), out.stdout  # a reply per game and turn
+    # the worked example (a won game of the same settings) was generated beside the two games
+    assert len(list(tmp_path.glob("custom-*/game.z8"))) == 3
