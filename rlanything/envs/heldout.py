@@ -37,8 +37,9 @@ STRIDE = SLOT_STRIDE  # initial_specs: seeding.slot_seed(seed, slot) = seed * ST
 RESERVED = 1_000  # residues STRIDE - RESERVED .. STRIDE - 1 are evaluation seeds
 OOD_OFFSET = 1_000_000  # the OOD split's seeds start this many evaluation seeds later
 EXAMPLE_SEED = STRIDE - RESERVED - 1
-"""The seed of worked examples shown in prompts (reasoning-gym `worked_example`): below the
-evaluation residues, and a training slot only in a buffer of more than 99,002 problems."""
+"""The seed of worked examples shown in prompts (reasoning-gym's and the text games'
+`worked_example`): below the evaluation residues, and a training slot only in a buffer of more
+than 99,002 problems."""
 
 
 class NoHeldOutSplit(ValueError):
