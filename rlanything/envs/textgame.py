@@ -143,7 +143,7 @@ _EXAMPLES_LOCK = threading.Lock()
 
 
 def worked_example(
-    env: TextGameEnv | Environment, spec: dict[str, Any], winning: Callable[[dict[str, Any]], list[str]]
+    env: Environment, spec: dict[str, Any], winning: Callable[[dict[str, Any]], list[str]]
 ) -> tuple[tuple[str, str], ...]:
     """The turns of a won episode of `spec`'s game type and options at a reserved seed (module
     docstring), played by a fresh environment of `env`'s class without an example of its own;
