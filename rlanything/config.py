@@ -239,6 +239,12 @@ class RewardModelConfig(ModelConfig):
     prompt from the RM's probabilities of "1" and "-1" with no reasoning (our departure: the
     paper's RM reasons first). Every token the RM is trained on is then its verdict, and a
     judgment costs one scoring pass instead of a decode per reasoning token."""
+    history_steps: int | None = Field(None, ge=0)
+    """How many of the steps before the judged one the RM's prompt shows, the latest ones (the
+    task and the judged step with what happened next are always shown). None: all of them (the
+    paper). A text game's observations are long, so a late step's full history is most of the
+    judging cost; what decides a step's verdict is mostly in the step and its answer (our
+    departure, off by default: docs/method.md)."""
     role: Literal["judge", "unit_tests"] = "judge"
     """`judge`: the RM judges every step ±1 (m judgments); `unit_tests` (env.kind coding only,
     the paper's coding setting): the RM writes unit tests for each problem, run in the sandbox

@@ -9,7 +9,12 @@ as the rm_score step does: `tasks.scoring.steps_to_judge` gives each step its co
 the earlier steps), `models.judge.judge_steps` prompts, samples (rm.verdict, rm.temperature,
 rm.top_p) and parses, and the seed derives from (run.seed, iteration, "eval_rm", split) as
 rm_score's does from (run.seed, iteration, "rm_score"), so an evaluation repeats exactly.
-`outcome_prediction` then scores the judgments against the episodes' outcomes, per split.
+`outcome_prediction` then scores the judgments against the episodes' outcomes, per split, and
+where the environment labels steps (TextWorld: closer / unchanged / farther / lost / invalid;
+`held_out_labels`), `process_accuracy` and `process_auroc` score them against the labels. Those
+count the steps *before* an episode's last one: a won game's last step shows the game's win
+message, which a judge reads off without judging the step, so the last steps are reported apart
+(rm_last_*). `verdict_shares` says what the RM answers per outcome and per label.
 
 An invalid episode (its environment or verifier failed) has no outcome and is not judged, as in
 training. An RM that writes unit tests (rm.role unit_tests) judges no step: nothing is measured.
@@ -17,18 +22,20 @@ training. An RM that writes unit tests (rm.role unit_tests) judges no step: noth
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
 import pandas as pd
 
-from rlanything.algo.rm_accuracy import outcome_prediction
+from rlanything.algo.rm_accuracy import outcome_prediction, process_accuracy, process_auroc, verdict_shares
+from rlanything.envs.verification import label_episode
 from rlanything.models.engine_factory import make_engine
 from rlanything.models.judge import judge_as_configured
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
 from rlanything.storage.parquet import write_table
-from rlanything.storage.schemas import EVAL_JUDGMENTS
+from rlanything.storage.schemas import EVAL_JUDGMENTS, EVAL_STEP_LABELS
 
 
 def judge_seed(run_seed: int, iteration: int | None, split: str) -> int:
@@ -74,9 +81,86 @@ def judgment_rows(judged: list[dict], split: str, iteration: int | None, weights
     ]
 
 
-def rm_measures(episodes: pd.DataFrame, judgments: pd.DataFrame) -> dict[str, dict[str, float]]:
+def held_out_labels(env_config, episodes: pd.DataFrame, split: str, out: Path) -> Path | None:
+    """The environment's label of every step of `split`'s valid `episodes` (EVAL_EPISODES rows:
+    spec, actions) -> `out` (EVAL_STEP_LABELS); None, and nothing written, where the environment
+    labels no step. An episode whose replay fails has no labels (logged), as in training."""
+    rows = []
+    for ep in episodes.itertuples(index=False):
+        outcome = {"valid": ep.valid, "pending": False, "traj_id": ep.problem_idx, "task_id": split}
+        try:
+            labelled = label_episode(env_config, outcome, ep.spec, list(ep.actions))
+        except Exception as err:  # labels only measure the RM: a failure costs this episode's labels
+            logging.getLogger(__name__).warning("step labels of %s episode %d: %r", split, ep.problem_idx, err)
+            continue
+        if labelled is None:
+            return None
+        last = ep.num_steps - 1
+        rows += [
+            {
+                "split": split,
+                "problem_idx": r["traj_id"],
+                "step_idx": r["step_idx"],
+                "label": r["label"],
+                "rule": r["rule"],
+                "last": r["step_idx"] == last,
+            }
+            for r in labelled
+        ]
+    return write_table(rows, EVAL_STEP_LABELS, out)
+
+
+def process_measures(judged: pd.DataFrame, labels: pd.DataFrame) -> dict[str, float]:
+    """The RM's process accuracy and AUROC of one split's `judged` steps (EVAL_JUDGMENTS rows)
+    against `labels` (EVAL_STEP_LABELS rows), on the steps before each episode's last and, apart,
+    on the last steps -> `PROCESS_MEASURES`; NaN where no judged step has a label."""
+    out = {}
+    columns = (judged.problem_idx.to_numpy(), judged.step_idx.to_numpy())
+    scores = (judged.step_score.to_numpy(), judged.parsed.to_numpy())
+    for prefix, part in (("rm_process", labels[~labels["last"]]), ("rm_last", labels[labels["last"]])):
+        truth = dict(zip(zip(part.problem_idx.tolist(), part.step_idx.tolist()), part.label.tolist()))
+        accuracy = process_accuracy(*columns, *scores, truth)
+        ranking = process_auroc(*columns, *scores, truth)
+        out |= {
+            f"{prefix}_accuracy": accuracy["process_accuracy"],
+            f"{prefix}_auroc": ranking["auroc"],
+            f"{prefix}_auroc_low": ranking["auroc_low"],
+            f"{prefix}_auroc_high": ranking["auroc_high"],
+            f"{prefix}_good": ranking["good"],
+            f"{prefix}_bad": ranking["bad"],
+        }
+    return out
+
+
+PROCESS_MEASURES = tuple(
+    f"{prefix}_{m}"
+    for prefix in ("rm_process", "rm_last")
+    for m in ("accuracy", "auroc", "auroc_low", "auroc_high", "good", "bad")
+)
+"""`process_measures`' keys: rm_process_* on the steps before an episode's last (the headline),
+rm_last_* on the last steps; good / bad: how many labelled judged steps had label +1 / −1."""
+
+
+def shares_of(judged: pd.DataFrame, episodes: pd.DataFrame, labels: pd.DataFrame | None) -> dict[str, list]:
+    """`verdict_shares` of one split's judgments grouped by their episode's outcome ("won",
+    "lost") and by their step's label rule ("closer", ...; the last steps as "last: won" ...)
+    -> group -> [share of +1, parsed judgments]."""
+    outcome = dict(zip(episodes.problem_idx, episodes.outcome))
+    by_outcome = judged.problem_idx.map(lambda p: "episode won" if outcome.get(p) == 1 else "episode lost")
+    shares = verdict_shares(judged.step_score.to_numpy(), judged.parsed.to_numpy(), by_outcome.to_numpy())
+    if labels is not None and len(labels):
+        rule = {(r.problem_idx, r.step_idx): ("last step " if r.last else "") + r.rule for r in labels.itertuples()}
+        keys = [rule.get(k, "unlabelled") for k in zip(judged.problem_idx, judged.step_idx)]
+        shares |= verdict_shares(judged.step_score.to_numpy(), judged.parsed.to_numpy(), pd.Series(keys).to_numpy())
+    return {k: [share, n] for k, (share, n) in shares.items()}
+
+
+def rm_measures(
+    episodes: pd.DataFrame, judgments: pd.DataFrame, labels: pd.DataFrame | None = None
+) -> dict[str, dict[str, float]]:
     """split -> `reports.eval.RM_MEASURES`, from eval episodes (split, problem_idx, outcome) and their judgments
-    (EVAL_JUDGMENTS). Rates are NaN where nothing was judged, the AUROC also where a split's
+    (EVAL_JUDGMENTS), and with the environment's step `labels` (EVAL_STEP_LABELS) also
+    `PROCESS_MEASURES` and "rm_verdict_shares" (`shares_of`). Rates are NaN where nothing was judged, the AUROC also where a split's
     judged episodes share one outcome, its 95% interval (`algo.rm_accuracy.auroc_interval`) where
     fewer than 10 of them were solved or unsolved (rm_solved_judged, rm_unsolved_judged).
 
@@ -111,4 +195,8 @@ def rm_measures(episodes: pd.DataFrame, judgments: pd.DataFrame) -> dict[str, di
             "rm_unsolved_judged": prediction["negatives"],
             "rm_parse_rate": float(judged.parsed.mean()) if len(judged) else math.nan,
         }
+        mine = None if labels is None else labels[labels.split == split]
+        if mine is not None:
+            out[split] |= process_measures(judged, mine)
+        out[split]["rm_verdict_shares"] = shares_of(judged, eps, mine)
     return out

@@ -223,6 +223,60 @@ def process_accuracy(
     return {"process_accuracy": float(np.mean(right)) if right else math.nan, "labelled_steps": len(right)}
 
 
+def process_auroc(
+    traj_id: np.ndarray, step_idx: np.ndarray, step_score: np.ndarray, parsed: np.ndarray, labels: dict
+) -> dict[str, float]:
+    """How well each labelled judged step's mean verdict ranks good steps above bad ones.
+
+    Inputs as `process_accuracy`. -> {"auroc", "auroc_low", "auroc_high", "good", "bad"}: the
+    AUROC of the step's mean parsed S (0 when nothing parsed) for label +1, its 95% interval
+    (`auroc_interval`: NaN below `MIN_CLASS` steps per label), and how many labelled judged steps
+    were good (+1) and bad (−1). Unlike process accuracy it does not charge an RM for saying +1
+    more often than the labels do: it asks only whether the good steps get the higher verdicts.
+
+    Worked example: good steps scoring +1, +1/3 and bad steps −1, +1/3: of the 4 (good, bad)
+    pairs 3 are ranked right and one is a tie (1/2) -> 3.5 / 4.
+
+    >>> r = process_auroc(np.array(["a"] * 4 + ["b"] * 6), np.array([0, 1, 2, 3, 0, 0, 0, 1, 1, 1]),
+    ...     np.array([1, -1, 0, 0, 1, 1, -1, 1, 1, -1]), np.array([True] * 10),
+    ...     {("a", 0): 1, ("a", 1): -1, ("b", 0): 1, ("b", 1): -1})
+    >>> r["auroc"], r["good"], r["bad"], r["auroc_low"]
+    (0.875, 2, 2, nan)
+    """
+    step_mean = _step_means(traj_id, step_idx, step_score, parsed)
+    pairs = [(mean, labels[key] > 0) for key, mean in step_mean.items() if key in labels]
+    scores = np.array([score for score, _ in pairs], dtype=float)
+    good = np.array([label for _, label in pairs], dtype=bool)
+    low, high = auroc_interval(scores, good)
+    return {
+        "auroc": auroc(scores, good),
+        "auroc_low": low,
+        "auroc_high": high,
+        "good": int(good.sum()),
+        "bad": int((~good).sum()),
+    }
+
+
+def verdict_shares(step_score: np.ndarray, parsed: np.ndarray, groups: np.ndarray) -> dict[str, tuple[float, int]]:
+    """group -> (the share of its parsed judgments that say +1, how many parsed there are).
+
+    step_score, parsed, groups: (J,) per judgment; a group is any label of the judged step (its
+    episode's outcome, its step label). Where a judge says one verdict to everything, every group's
+    share is the same 0 or 1: the collapse the RM's reward cannot undo (a step whose m verdicts
+    agree has no RM advantage).
+
+    >>> verdict_shares(np.array([1, 1, -1, 0, -1]), np.array([True, True, True, False, True]),
+    ...     np.array(["won", "won", "lost", "lost", "lost"]))
+    {'lost': (0.0, 2), 'won': (1.0, 2)}
+    """
+    scores, ok, groups = np.asarray(step_score), np.asarray(parsed, dtype=bool), np.asarray(groups)
+    out = {}
+    for group in sorted(set(groups[ok].tolist())):
+        mine = scores[ok & (groups == group)]
+        out[group] = (float(np.mean(mine > 0)), len(mine))
+    return out
+
+
 @dataclass(frozen=True)
 class GuardDecision:
     alarm: bool

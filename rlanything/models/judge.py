@@ -60,10 +60,15 @@ def judge_steps(
     prefix_cache: PrefixCache | None = None,
 ) -> list[dict]:
     """steps: dicts with traj_id, task_id, step_idx, task, history [(response, observation)],
-    response, observation. -> one row per (step, judge_idx) for judgments.parquet.
+    response, observation and optionally shown_from (the first shown step's index, when
+    `rm.history_steps` left earlier ones out). -> one row per (step, judge_idx) for judgments.parquet.
     `prefix_cache`: a fresh one when None (given, its token counts can be read afterwards)."""
     prompts = [
-        render(tokenizer, judge_messages(s["task"], s["history"], s["response"], s["observation"], hint)) for s in steps
+        render(
+            tokenizer,
+            judge_messages(s["task"], s["history"], s["response"], s["observation"], hint, s.get("shown_from", 0)),
+        )
+        for s in steps
     ]
     jobs = [(k, j) for k in range(len(steps)) for j in range(judgments_per_step)]
     job_prompts = [prompts[k][1] for k, _ in jobs]

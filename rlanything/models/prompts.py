@@ -47,14 +47,17 @@ def policy_messages(
 
 
 def judge_messages(
-    task: str, history: list[tuple[str, str]], response: str, observation: str, hint: str = ""
+    task: str, history: list[tuple[str, str]], response: str, observation: str, hint: str = "", shown_from: int = 0
 ) -> list[dict]:
-    """history: (response, observation) pairs of the steps before the judged one; `hint` is the
-    environment's word on what a good step looks like."""
+    """history: (response, observation) pairs of the steps before the judged one, the first of
+    them the episode's step `shown_from` (0-based; the earlier ones are not shown:
+    `rm.history_steps`); `hint` is the environment's word on what a good step looks like."""
     parts = [f"## Task\n{task}"]
-    for k, (resp, obs) in enumerate(history):
+    if shown_from:
+        parts.append(f"## Steps 1-{shown_from}\n(not shown)")
+    for k, (resp, obs) in enumerate(history, start=shown_from):
         parts.append(f"## Step {k + 1}\nAgent: {resp}\nEnvironment: {obs or '(nothing)'}")
-    parts.append(f"## Step to judge (step {len(history) + 1})\nAgent: {response}")
+    parts.append(f"## Step to judge (step {shown_from + len(history) + 1})\nAgent: {response}")
     parts.append(f"## What happened next\n{observation or '(the episode ended)'}")
     parts.append("Is this step good? Think, then answer \\boxed{1} or \\boxed{-1}.")
     system = f"{JUDGE_SYSTEM} {hint}".strip()

@@ -115,6 +115,58 @@ def auroc_text(row, counts: bool = True) -> str:
     return f"{text} [{low}, {high}]"
 
 
+def process_auroc_text(row, prefix: str = "rm_process") -> str:
+    """The RM's process AUROC (`prefix`: rm_process, the steps before an episode's last; rm_last,
+    the last steps) with its 95% interval: "0.71 [0.64, 0.78]"; "0.55 (too few: 3 bad)" where a
+    label has fewer than `MIN_CLASS` judged steps; "n/a" without labels or with one label only."""
+    value = _known(row, f"{prefix}_auroc")
+    classes = ((f"{prefix}_good", "good"), (f"{prefix}_bad", "bad"))
+    few = [f"{int(n)} {name}" for key, name in classes if (n := _known(row, key)) is not None and n < MIN_CLASS]
+    text = "n/a" if value is None else f"{value:.2f}"
+    if few or value is None:
+        return f"{text} (too few: {', '.join(few)})" if few else text
+    low, high = (_number(_known(row, f"{prefix}_auroc_{k}"), "{:.2f}") for k in ("low", "high"))
+    return f"{text} [{low}, {high}]"
+
+
+def process_markdown(summary: pd.DataFrame) -> list[str]:
+    """summary.md's part on the RM against the environment's step labels, and what it answers per
+    outcome and label; [] where no split has step labels."""
+    rows = [r for _, r in summary.iterrows() if _known(r, "rm_process_good") is not None]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Reward model against the step labels",
+        "",
+        "| split | steps before the last (good / bad) | process accuracy | process AUROC [95% CI] | "
+        "last steps (good / bad) | last-step accuracy | last-step AUROC |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        counts = [f"{int(row[f'{p}_good'])} / {int(row[f'{p}_bad'])}" for p in ("rm_process", "rm_last")]
+        lines.append(
+            f"| {row['split']} | {counts[0]} | {pct(_known(row, 'rm_process_accuracy'))} | {process_auroc_text(row)} | "
+            f"{counts[1]} | {pct(_known(row, 'rm_last_accuracy'))} | {process_auroc_text(row, 'rm_last')} |"
+        )
+    lines += [
+        "",
+        "A step's verdict is the sign of its mean parsed verdict (a tie or nothing parsed counts as wrong "
+        "for the accuracy); the AUROC ranks good steps above bad ones by that mean. The headline counts "
+        "the steps before an episode's last: a won game's last step shows the win message, which a judge "
+        "reads off without judging the step.",
+        "",
+        "What the RM answers (share of its parsed verdicts that say +1):",
+        "",
+        "| split | group | +1 share | verdicts |",
+        "|---|---|---|---|",
+    ]
+    for row in rows:
+        for group, (share, n) in (row.get("rm_verdict_shares") or {}).items():
+            lines.append(f"| {row['split']} | {group} | {pct(share)} | {n} |")
+    return lines
+
+
 def rm_markdown(summary: pd.DataFrame) -> list[str]:
     """The RM's table of summary.md: one row per split (`RM_MEASURES`)."""
     lines = [
@@ -138,6 +190,7 @@ def rm_markdown(summary: pd.DataFrame) -> list[str]:
         "and as many unsolved, else the count that is too few to decide; step "
         "accuracy: each step's majority verdict against its episode's outcome; score gap: mean score − "
         "mean outcome (positive: the RM is more pleased than the verifier).",
+        *process_markdown(summary),
     ]
 
 
@@ -175,6 +228,9 @@ EVAL_TABLE_RM = (  # the RM's rows, where it judged the episodes (eval.rm)
     ("RM step accuracy", lambda r: pct(_known(r, "rm_step_accuracy"))),
     ("RM score gap", lambda r: _number(_known(r, "rm_score_gap"), "{:+.2f}")),
     ("RM parse rate", lambda r: pct(_known(r, "rm_parse_rate"))),
+    ("RM process acc.", lambda r: pct(_known(r, "rm_process_accuracy"))),
+    ("RM process AUROC", process_auroc_text),
+    ("RM last-step AUROC", lambda r: process_auroc_text(r, "rm_last")),
 )
 
 
@@ -211,7 +267,8 @@ def _caption(rm: bool, reused: bool) -> str:
     if rm:
         notes.append(
             f"RM AUROC: solved above unsolved episodes by mean step score; its interval needs {MIN_CLASS} judged "
-            "episodes of each outcome, else (too few)."
+            "episodes of each outcome, else (too few). RM process: its step verdicts against the environment's "
+            "step labels, on the steps before an episode's last (last-step: those apart)."
         )
     if reused:
         notes.append("Reused: the same weights played these problems in that evaluation (summary.md).")

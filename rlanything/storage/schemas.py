@@ -241,6 +241,21 @@ EVAL_STEPS = pa.schema(
     ]
 )
 
+# eval/<...>/step_labels.parquet: the environment's ground-truth label of each step of the valid
+# held-out episodes the RM judged (envs.base.step_labels), where the environment knows them; what
+# the RM's process accuracy and AUROC are measured against. `last`: the episode's last step (a won
+# game's shows the win message: its verdict is read off, not judged, so it is reported apart).
+EVAL_STEP_LABELS = pa.schema(
+    [
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("problem_idx", pa.int32(), nullable=False),
+        pa.field("step_idx", pa.int32(), nullable=False),
+        pa.field("label", pa.int8(), nullable=False),  # +1 a good step, -1 a bad one
+        pa.field("rule", pa.string(), nullable=False),  # which case of the environment's rule gave it
+        pa.field("last", pa.bool_(), nullable=False),
+    ]
+)
+
 # Artifact name (iter_NNNN/<name>.parquet, as `storage/layout.py` PIPELINE lists them) -> its schema:
 # the one place the pairing is written; read and write artifacts through `storage/artifacts.py`.
 # eval/<...>/judgments.parquet beside episodes.parquet: the RM of the evaluated checkpoint on the

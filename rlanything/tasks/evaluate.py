@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 from prefect import task
 
-from rlanything.agent.eval_judge import judge_split, rm_measures
+from rlanything.agent.eval_judge import PROCESS_MEASURES, held_out_labels, judge_split, rm_measures
 from rlanything.agent.evaluate import earlier_split, heldout_problems, play_greedy_steps, play_key, rm_key, step_rows
 from rlanything.algo.metrics import success_summary
 from rlanything.config import load_config
@@ -22,7 +22,7 @@ from rlanything.models.engine_factory import make_engine
 from rlanything.reports.eval import RM_MEASURES, plot_splits, summary_markdown
 from rlanything.storage.buffer import read_buffer
 from rlanything.storage.parquet import read_table, write_table
-from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS, EVAL_STEPS
+from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS, EVAL_STEP_LABELS, EVAL_STEPS
 from rlanything.tasks.common import inject_fault, noting_stops
 from rlanything.tasks.scoring import steps_to_judge
 
@@ -68,7 +68,8 @@ def evaluate_split(
 ) -> dict:
     """Play `eval.problems` held-out problems of `split` greedily -> `out` (EVAL_EPISODES) and
     `<split>.steps.parquet`; with `rm_weights`, that RM judges every step of the valid ones ->
-    `<split>.judgments.parquet`. Where an evaluation in `earlier` (folders) played the same
+    `<split>.judgments.parquet`, and the environment's step labels, where it knows them ->
+    `<split>.labels.parquet`. Where an evaluation in `earlier` (folders) played the same
     problems with the same weights (`digests`: the policy's and the RM's `weights_digest`), its
     episodes are copied instead, and its judgments where the RM is unchanged too
     (`agent.evaluate.earlier_split`); the returned `provenance` says which."""
@@ -84,15 +85,19 @@ def evaluate_split(
     steps_path = write_table(steps, EVAL_STEPS, path.with_name(f"{split}.steps.parquet"))
     metrics = {f"eval/{split}/dropped_seen": dropped, f"eval/{split}/episodes_reused": float(source is not None)}
     provenance = {**keys, "episodes_from": source.played_in if source else None}
-    result = {"split": split, "paths": [str(path)], "steps": str(steps_path), "judgments": None}
+    result = {"split": split, "paths": [str(path)], "steps": str(steps_path), "judgments": None, "labels": None}
     if rm_weights is not None:
         start = time.perf_counter()
+        labels = held_out_labels(config.env, episodes, split, path.with_name(f"{split}.labels.parquet"))
+        result["labels"] = None if labels is None else str(labels)
         earlier_judgments = source.judgments(keys["rm_key"]) if source else None
         judged = path.with_name(f"{split}.judgments.parquet")
         if earlier_judgments is None:
             # the rm_score step's context builder; traj_id = problem_idx, an invalid episode left out
             frame = episodes.rename(columns={"problem_idx": "traj_id"}).assign(pending=False)
-            contexts = steps_to_judge(steps.rename(columns={"problem_idx": "traj_id"}), frame, frame)
+            contexts = steps_to_judge(
+                steps.rename(columns={"problem_idx": "traj_id"}), frame, frame, config.rm.history_steps
+            )
             judge_split(config, Path(rm_weights), rm_label, contexts, split, iteration, judged)
         else:
             write_table(earlier_judgments.assign(weights=rm_label, iteration=iteration), EVAL_JUDGMENTS, judged)
@@ -122,6 +127,10 @@ PROVENANCE = ("play_key", "rm_key", "episodes_from", "judgments_from")
 (`evaluate_split`'s provenance): what a later evaluation compares to reuse them."""
 
 
+def _nan(value) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
 def _provenance(out: Path, parts: list[dict], evaluated: set[str]) -> dict[str, dict]:
     """split -> its `PROVENANCE`: this evaluation's for the splits evaluated now, the earlier
     summary.json's for the splits kept from it."""
@@ -134,10 +143,11 @@ def _provenance(out: Path, parts: list[dict], evaluated: set[str]) -> dict[str, 
 @noting_stops
 def eval_report(parts: list[dict], out_dir: str, title: str, details: dict[str, str]) -> dict:
     """The splits' episodes, steps and, where the RM judged them, judgments (`parts`: what
-    `evaluate_split` returned) -> episodes.parquet, steps.parquet, judgments.parquet, summary.md,
+    `evaluate_split` returned) -> episodes.parquet, steps.parquet, judgments.parquet,
+    step_labels.parquet, summary.md,
     eval.png; the split rows of summary.json and the metrics `eval/<split>/<measure>` (accuracy,
     ci_low, ci_high, strict_accuracy, fallback_accuracy, format_rate, n, env_errors, and the RM's
-    `RM_MEASURES`). An earlier evaluation of the same weights keeps its other splits (evaluating
+    `RM_MEASURES` and, with step labels, `PROCESS_MEASURES`). An earlier evaluation of the same weights keeps its other splits (evaluating
     `ood` after `in_domain` adds to the files, it does not replace them); without judgments now
     or kept (eval.rm off, no judging RM) an earlier judgments.parquet is removed."""
     out = Path(out_dir)
@@ -145,6 +155,7 @@ def eval_report(parts: list[dict], out_dir: str, title: str, details: dict[str, 
     episodes = _merged(out / "episodes.parquet", EVAL_EPISODES, [p for part in parts for p in part["paths"]], evaluated)
     steps = _merged(out / "steps.parquet", EVAL_STEPS, [part["steps"] for part in parts], evaluated)
     judged = [part["judgments"] for part in parts if part["judgments"]]
+    labelled = [part["labels"] for part in parts if part.get("labels")]
     provenance = _provenance(out, parts, evaluated)
     paths = [write_table(episodes, EVAL_EPISODES, out / "episodes.parquet")]
     paths.append(write_table(steps, EVAL_STEPS, out / "steps.parquet"))
@@ -164,13 +175,18 @@ def eval_report(parts: list[dict], out_dir: str, title: str, details: dict[str, 
     judgments = _merged(out / "judgments.parquet", EVAL_JUDGMENTS, judged, evaluated)
     if judged or len(judgments):  # judged now (maybe nothing: no valid episode), or kept
         paths.append(write_table(judgments, EVAL_JUDGMENTS, out / "judgments.parquet"))
-        rm = rm_measures(episodes, judgments)
+        labels = _merged(out / "step_labels.parquet", EVAL_STEP_LABELS, labelled, evaluated)
+        if labelled or len(labels):
+            paths.append(write_table(labels, EVAL_STEP_LABELS, out / "step_labels.parquet"))
+        rm = rm_measures(episodes, judgments, labels if len(labels) else None)
         for row in splits:
             values = rm[row["split"]]
-            row.update({k: None if math.isnan(v) else v for k, v in values.items()})  # JSON: NaN -> null
-            metrics |= {f"eval/{row['split']}/{k}": float(values[k]) for k in RM_MEASURES}
+            row.update({k: None if _nan(v) else v for k, v in values.items()})  # JSON: NaN -> null
+            known = [k for k in (*RM_MEASURES, *PROCESS_MEASURES) if k in values]
+            metrics |= {f"eval/{row['split']}/{k}": float(values[k]) for k in known}
     else:
-        (out / "judgments.parquet").unlink(missing_ok=True)  # from an earlier evaluation with the RM
+        for name in ("judgments.parquet", "step_labels.parquet"):  # from an earlier evaluation with the RM
+            (out / name).unlink(missing_ok=True)
     for row in splits:
         row.update({k: v for k, v in provenance.get(row["split"], {}).items() if v is not None})
     (out / "summary.md").write_text(summary_markdown(pd.DataFrame(splits), title, details))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import pandas as pd
 
 from rlanything import metric_names as names
-from rlanything.algo.rm_accuracy import guard, outcome_prediction, process_accuracy
+from rlanything.algo.rm_accuracy import guard, outcome_prediction, process_accuracy, process_auroc
 from rlanything.algo.samples import select_samples
 from rlanything.models.engine_factory import make_engine
 from rlanything.models.generation import PrefixCache
@@ -21,8 +22,12 @@ from rlanything.tasks.unit_tests import score_with_unit_tests, unit_test_advanta
 from rlanything.tasks.unit_tests import solutions as unit_test_solutions
 
 
-def steps_to_judge(steps: pd.DataFrame, episodes: pd.DataFrame, outcomes: pd.DataFrame) -> list[dict]:
-    """Every step of every valid, non-pending trajectory, with the context the RM sees."""
+def steps_to_judge(
+    steps: pd.DataFrame, episodes: pd.DataFrame, outcomes: pd.DataFrame, history_steps: int | None = None
+) -> list[dict]:
+    """Every step of every valid, non-pending trajectory, with the context the RM sees: the
+    task and the `history_steps` latest earlier steps (None: all; `rm.history_steps`), the
+    first of them numbered `shown_from`."""
     trainable = outcomes[outcomes.valid & ~outcomes.pending].traj_id
     first = episodes.set_index("traj_id").first_observation
     out = []
@@ -35,7 +40,8 @@ def steps_to_judge(steps: pd.DataFrame, episodes: pd.DataFrame, outcomes: pd.Dat
                     "task_id": row.task_id,
                     "step_idx": row.step_idx,
                     "task": first[traj_id],
-                    "history": list(history),
+                    "history": history[len(history) - shown :] if (shown := _shown(history, history_steps)) else [],
+                    "shown_from": len(history) - shown,
                     "response": row.response,
                     "observation": row.observation,
                 }
@@ -44,13 +50,19 @@ def steps_to_judge(steps: pd.DataFrame, episodes: pd.DataFrame, outcomes: pd.Dat
     return out
 
 
+def _shown(history: list, history_steps: int | None) -> int:
+    return len(history) if history_steps is None else min(history_steps, len(history))
+
+
 @step_task("rm_score")
 def rm_score(run_dir: str, iteration: int):
     config, layout = open_run(run_dir)
     if config.rm.role == "unit_tests":  # the coding setting: the RM writes tests, judges no step
         return score_with_unit_tests(config, layout, iteration)
     steps, episodes, outcomes = (read_artifact(layout, iteration, n) for n in ("rollouts", "episodes", "outcomes"))
-    todo = steps_to_judge(steps, episodes, outcomes) if config.rm.judgments_per_step else []  # 0: no RM
+    todo = (
+        steps_to_judge(steps, episodes, outcomes, config.rm.history_steps) if config.rm.judgments_per_step else []
+    )  # 0: no RM
     path = model_path(config, layout, "rm", iteration)
     rows: list[dict] = []
     cache = PrefixCache()
@@ -123,20 +135,38 @@ def rm_outcome_metrics(judgments: pd.DataFrame, outcomes: pd.DataFrame) -> dict[
     )
 
 
-def rm_process_metrics(judgments: pd.DataFrame, labels: pd.DataFrame) -> dict[str, float]:
+def rm_process_metrics(judgments: pd.DataFrame, labels: pd.DataFrame, outcomes: pd.DataFrame) -> dict[str, float]:
     """`algo.rm_accuracy.process_accuracy` of the judged steps against the environment's step
-    labels (frame glue); {} when no judged step has a label: nothing is logged."""
-    keys = zip(labels.traj_id.tolist(), labels.step_idx.tolist())
-    result = process_accuracy(
-        judgments.traj_id.to_numpy(),
-        judgments.step_idx.to_numpy(),
-        judgments.step_score.to_numpy(),
-        judgments.parsed.to_numpy(),
-        dict(zip(keys, labels.label.tolist())),
-    )
+    labels, and `process_auroc` on the steps before each trajectory's last (a won game's last
+    step shows the win message: eval's headline, agent/eval_judge.py) (frame glue); {} when no
+    judged step has a label: nothing is logged."""
+    keys = list(zip(labels.traj_id.tolist(), labels.step_idx.tolist()))
+    columns = [judgments[c].to_numpy() for c in ("traj_id", "step_idx", "step_score", "parsed")]
+    result = process_accuracy(*columns, dict(zip(keys, labels.label.tolist())))
     if not result["labelled_steps"]:
         return {}
-    return {names.RM_PROCESS_ACCURACY: result["process_accuracy"], "rm/process_labels": result["labelled_steps"]}
+    last = dict(zip(outcomes.traj_id, outcomes.num_steps - 1))
+    early = {key: label for key, label in zip(keys, labels.label.tolist()) if last.get(key[0]) != key[1]}
+    return {
+        names.RM_PROCESS_ACCURACY: result["process_accuracy"],
+        "rm/process_labels": result["labelled_steps"],
+        "rm/process_auroc_before_last": process_auroc(*columns, early)["auroc"],
+    }
+
+
+def rm_verdict_metrics(judged: pd.DataFrame, rm: pd.DataFrame) -> dict[str, float]:
+    """What the RM answers and what it is paid for it: the share of its parsed verdicts that say +1,
+    overall and in won / lost episodes (`judged`: parsed judgments with their outcome), and the
+    share of its samples (`rm`) with zero advantage because the step's m verdicts agreed: a judge
+    that always says the same stops being trained (docs/method.md). NaN (not logged) where empty."""
+    plus = judged.step_score > 0
+    won = judged.outcome > 0
+    return {
+        "rm/plus_share": float(plus.mean()) if len(judged) else math.nan,
+        "rm/plus_share_won": float(plus[won].mean()) if won.any() else math.nan,
+        "rm/plus_share_lost": float(plus[~won].mean()) if (~won).any() else math.nan,
+        "rm/zero_advantage_share": float((rm.drop_reason == "zero_std").mean()) if len(rm) else math.nan,
+    }
 
 
 def _no_rows(judgments: pd.DataFrame) -> float:
@@ -203,6 +233,7 @@ def advantages(run_dir: str, iteration: int):
         names.RM_SCORE_GAP: prediction["score_gap"],
         names.RM_GUARD_ALARM: int(decision.alarm),
         names.RM_GUARD_LAM: decision.lam,
-        **rm_process_metrics(judgments, read_artifact(layout, iteration, "step_labels")),
+        **rm_process_metrics(judgments, read_artifact(layout, iteration, "step_labels"), outcomes),
+        **rm_verdict_metrics(judged, rm),
     }
     return [path], {k: v for k, v in metrics.items() if v == v}  # NaN (nothing to rank): not logged

@@ -59,8 +59,10 @@ def test_rm_measures_by_hand():
         }
     )
     measures = rm_measures(episodes, judgments)
-    assert list(measures["in_domain"]) == list(RM_MEASURES)
+    assert list(measures["in_domain"]) == [*RM_MEASURES, "rm_verdict_shares"]
     ind = measures["in_domain"]
+    # +1 shares of the parsed verdicts: episode 0 (won) 2 of 6, episode 1 (lost) 1 of 2
+    assert ind["rm_verdict_shares"] == {"episode lost": [0.5, 2], "episode won": [pytest.approx(1 / 3), 6]}
     assert ind["rm_step_accuracy"] == pytest.approx(1 / 3)
     assert ind["rm_outcome_accuracy"] == 0.0 and ind["rm_outcome_auroc"] == 0.0
     assert ind["rm_score_gap"] == pytest.approx(-1 / 6)
@@ -71,6 +73,46 @@ def test_rm_measures_by_hand():
     assert ood["rm_step_accuracy"] == ood["rm_outcome_accuracy"] == 1.0 and math.isnan(ood["rm_outcome_auroc"])
     assert ood["rm_score_gap"] == 0.0 and ood["rm_judged"] == 2 and ood["rm_parse_rate"] == 1.0
     assert ood["rm_solved_judged"] == 0 and ood["rm_unsolved_judged"] == 2
+    assert ood["rm_verdict_shares"] == {"episode lost": [0.0, 2]}
+
+
+def test_process_measures_by_hand_with_the_last_steps_apart():
+    # Episode 0 (won, 3 steps) and 1 (lost, 2 steps), m = 2. Labels, step means (majority):
+    #   (0, 0) closer    +1, means +1    (right)   (0, 1) farther -1, mean 0 (a tie: wrong)
+    #   (0, 2) closer    +1, mean +1, the last step (apart)
+    #   (1, 0) invalid   -1, mean -1     (right)   (1, 1) unchanged +1, mean -1, last (wrong)
+    # Before the last: accuracy 2/3; AUROC of good {+1} over bad {0, -1}: both pairs right -> 1.
+    # Last steps: accuracy 1/2; good {+1, -1}, no bad step -> AUROC n/a.
+    episodes = pd.DataFrame({"split": ["ood"] * 2, "problem_idx": [0, 1], "outcome": [1, -1]})
+    judgments = pd.DataFrame(
+        {
+            "split": ["ood"] * 10,
+            "problem_idx": [0] * 6 + [1] * 4,
+            "step_idx": [0, 0, 1, 1, 2, 2, 0, 0, 1, 1],
+            "step_score": [1, 1, 1, -1, 1, 1, -1, -1, -1, -1],
+            "parsed": [True] * 10,
+        }
+    )
+    labels = pd.DataFrame(
+        {
+            "split": ["ood"] * 5,
+            "problem_idx": [0, 0, 0, 1, 1],
+            "step_idx": [0, 1, 2, 0, 1],
+            "label": [1, -1, 1, -1, 1],
+            "rule": ["closer", "farther", "closer", "invalid", "unchanged"],
+            "last": [False, False, True, False, True],
+        }
+    )
+    ood = rm_measures(episodes, judgments, labels)["ood"]
+    assert ood["rm_process_accuracy"] == pytest.approx(2 / 3) and ood["rm_process_auroc"] == 1.0
+    assert (ood["rm_process_good"], ood["rm_process_bad"]) == (1, 2)
+    assert math.isnan(ood["rm_process_auroc_low"])  # 1 good step: too few for an interval
+    assert ood["rm_last_accuracy"] == 0.5 and math.isnan(ood["rm_last_auroc"])
+    assert (ood["rm_last_good"], ood["rm_last_bad"]) == (2, 0)
+    shares = ood["rm_verdict_shares"]
+    assert shares["closer"] == [1.0, 2] and shares["farther"] == [0.5, 2] and shares["invalid"] == [0.0, 2]
+    assert shares["last step closer"] == [1.0, 2] and shares["last step unchanged"] == [0.0, 2]
+    assert shares["episode won"] == [pytest.approx(5 / 6), 6] and shares["episode lost"] == [0.0, 4]
 
 
 def test_rm_measures_give_the_auroc_interval_from_ten_episodes_of_each_outcome():

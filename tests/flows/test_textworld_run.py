@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("textworld", reason="textworld is not installed (pip install textworld==1.7.0)")
 
+from rlanything.algo.rm_accuracy import process_auroc  # noqa: E402
 from rlanything.storage import schemas  # noqa: E402
 from rlanything.storage.layout import RunLayout  # noqa: E402
 from rlanything.storage.parquet import read_table  # noqa: E402
@@ -75,6 +76,18 @@ def test_multi_step_rows_and_per_step_judgments(run):
         scored = labels.set_index(["traj_id", "step_idx"]).label
         right = (verdicts.reindex(scored.index).fillna(0) == scored).mean()  # a step nothing parsed: wrong
         assert metrics["rm/process_labels"] == len(labels) and metrics["rm/process_accuracy"] == pytest.approx(right)
+        last = dict(zip(outcomes.traj_id, outcomes.num_steps - 1))
+        early = labels[[last[t] != k for t, k in zip(labels.traj_id, labels.step_idx)]]
+        truth = dict(zip(zip(early.traj_id, early.step_idx), early.label))
+        cols = [judgments[c].to_numpy() for c in ("traj_id", "step_idx", "step_score", "parsed")]
+        expected = process_auroc(*cols, truth)["auroc"]
+        assert metrics.get("rm/process_auroc_before_last", np.nan) == pytest.approx(expected, nan_ok=True)
+        # what the RM answered, and the share of its samples left without advantage (m verdicts agreed)
+        rm = adv[adv.kind == "rm"]
+        agreed = judgments.groupby(["traj_id", "step_idx"]).step_score.transform("nunique") == 1
+        assert metrics["rm/zero_advantage_share"] == pytest.approx(agreed.mean())
+        assert metrics["rm/zero_advantage_share"] == pytest.approx((rm.drop_reason == "zero_std").mean())
+        assert metrics["rm/plus_share"] == pytest.approx((judgments[judgments.parsed].step_score > 0).mean())
     # Every task failed, so the rule rewrite made each game easier (quest_length 2 -> 1): the
     # environment generated and validated the new games, rolled out as pending in iteration 1.
     adaptation = read_table(layout.artifact(0, "adaptation"), schemas.ADAPTATION)
@@ -82,3 +95,31 @@ def test_multi_step_rows_and_per_step_judgments(run):
     assert all('"quest_length": 1' in spec for spec in adaptation.candidate_spec)
     assert read_table(layout.artifact(1, "outcomes"), schemas.OUTCOMES).pending.sum() == 2 * 2
     assert layout.tasks_snapshot(2).exists()
+
+
+def test_eval_measures_the_rm_against_the_step_labels_with_the_last_steps_apart(run):
+    """`rlanything eval` of the run's checkpoint on 3 held-out games: every judged step of every
+    valid episode is labelled by TextWorld's rule, the last steps marked, and the RM's process
+    accuracy and AUROC are those of the steps before the last."""
+    from rlanything.algo.rm_accuracy import process_accuracy
+    from rlanything.flows.evaluation import eval_flow
+
+    result = eval_flow(run["run_dir"], None, [], "in_domain", 3)
+    out = Path(result["out_dir"])
+    episodes = read_table(out / "episodes.parquet", schemas.EVAL_EPISODES)
+    judgments = read_table(out / "judgments.parquet", schemas.EVAL_JUDGMENTS)
+    labels = read_table(out / "step_labels.parquet", schemas.EVAL_STEP_LABELS)
+    judged = judgments[["problem_idx", "step_idx"]].drop_duplicates()
+    assert len(labels) == len(judged) == episodes[episodes.valid].num_steps.sum() > 0
+    last = dict(zip(episodes.problem_idx, episodes.num_steps - 1))
+    assert labels["last"].tolist() == [last[p] == k for p, k in zip(labels.problem_idx, labels.step_idx)]
+    early = labels[~labels["last"]]
+    truth = dict(zip(zip(early.problem_idx, early.step_idx), early.label))
+    cols = [judgments[c].to_numpy() for c in ("problem_idx", "step_idx", "step_score", "parsed")]
+    row = result["summary"][0]
+    assert row["rm_process_good"] + row["rm_process_bad"] == len(early)
+    expected = process_accuracy(*cols, truth)["process_accuracy"]
+    assert row["rm_process_accuracy"] == pytest.approx(expected)
+    assert result["metrics"]["eval/in_domain/rm_process_accuracy"] == pytest.approx(expected)
+    assert sum(n for _, n in row["rm_verdict_shares"].values()) == 2 * judgments.parsed.sum()  # by outcome, by rule
+    assert "## Reward model against the step labels" in (out / "summary.md").read_text()
