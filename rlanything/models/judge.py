@@ -45,6 +45,12 @@ def judge_as_configured(engine, tokenizer, steps, config, seed: int, prefix_cach
     )
 
 
+def _judge_prompt(tokenizer, step: dict[str, Any], hint: str) -> tuple[str, list[int]]:
+    """A step's judge prompt (text, token ids), from its `judge_steps` dict."""
+    parts = (step["task"], step["history"], step["response"], step["observation"], hint, step.get("shown_from", 0))
+    return render(tokenizer, judge_messages(*parts))
+
+
 def judge_steps(
     engine: GenerationEngine,
     tokenizer,
@@ -63,13 +69,7 @@ def judge_steps(
     response, observation and optionally shown_from (the first shown step's index, when
     `rm.history_steps` left earlier ones out). -> one row per (step, judge_idx) for judgments.parquet.
     `prefix_cache`: a fresh one when None (given, its token counts can be read afterwards)."""
-    prompts = [
-        render(
-            tokenizer,
-            judge_messages(s["task"], s["history"], s["response"], s["observation"], hint, s.get("shown_from", 0)),
-        )
-        for s in steps
-    ]
+    prompts = [_judge_prompt(tokenizer, s, hint) for s in steps]
     jobs = [(k, j) for k in range(len(steps)) for j in range(judgments_per_step)]
     job_prompts = [prompts[k][1] for k, _ in jobs]
     # later steps' prompts repeat earlier steps' history: the engine reuses their KV (PrefixCache)
