@@ -43,4 +43,6 @@ def test_every_link_into_the_repo_leads_somewhere():
 
 def test_slug_by_hand():
     assert slug("Learning: SmolLM2-135M on two-digit sums") == "learning-smollm2-135m-on-two-digit-sums"
-    assert slug("9. Coding variant: the RM as a unit-test generator") == "9-coding-variant-the-rm-as-a-unit-test-generator"
+    assert (
+        slug("9. Coding variant: the RM as a unit-test generator") == "9-coding-variant-the-rm-as-a-unit-test-generator"
+    )
