@@ -142,9 +142,9 @@ rm_last_* on the last steps; good / bad: how many labelled judged steps had labe
 
 
 def shares_of(judged: pd.DataFrame, episodes: pd.DataFrame, labels: pd.DataFrame | None) -> dict[str, list]:
-    """`verdict_shares` of one split's judgments grouped by their episode's outcome ("won",
-    "lost") and by their step's label rule ("closer", ...; the last steps as "last: won" ...)
-    -> group -> [share of +1, parsed judgments]."""
+    """`verdict_shares` of one split's judgments grouped by their episode's outcome ("episode
+    won", "episode lost") and by their step's label rule ("closer", ...; an episode's last step as
+    "last step closer", ...) -> group -> [share of +1, parsed judgments]."""
     outcome = dict(zip(episodes.problem_idx, episodes.outcome))
     by_outcome = judged.problem_idx.map(lambda p: "episode won" if outcome.get(p) == 1 else "episode lost")
     shares = verdict_shares(judged.step_score.to_numpy(), judged.parsed.to_numpy(), by_outcome.to_numpy())

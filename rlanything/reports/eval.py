@@ -97,36 +97,32 @@ def _known(row, key: str) -> float | None:
     return None if value is None or value != value else value
 
 
-def auroc_text(row, counts: bool = True) -> str:
-    """The RM's outcome AUROC of a summary row with its 95% interval: "0.69 [0.56, 0.81]"; where
-    fewer than `MIN_CLASS` judged episodes were solved or unsolved, the counts instead of an
-    interval: "0.62 (too few: 1 solved)" (without `counts`: "0.62 (too few)", where the counts
-    stand beside it); "n/a" for an AUROC undefined (one outcome or nothing judged). A summary
+OUTCOME_CLASSES = (("rm_solved_judged", "solved"), ("rm_unsolved_judged", "unsolved"))
+
+
+def auroc_text(row, counts: bool = True, prefix: str = "rm_outcome", classes=OUTCOME_CLASSES) -> str:
+    """An AUROC of a summary row with its 95% interval, "0.69 [0.56, 0.81]": the RM's outcome
+    AUROC (`prefix` rm_outcome), or its process AUROC (`process_auroc_text`). Where fewer than
+    `MIN_CLASS` items of a class (`classes`: (count key, name)) were judged, the counts instead of
+    an interval: "0.62 (too few: 1 solved)" (without `counts`: "0.62 (too few)", where the counts
+    stand beside it); "n/a" for an AUROC undefined (one class or nothing judged). A summary
     written before the interval existed (no counts): "0.62 [n/a, n/a]"."""
-    value = _known(row, "rm_outcome_auroc")
-    classes = (("rm_solved_judged", "solved"), ("rm_unsolved_judged", "unsolved"))
+    value = _known(row, f"{prefix}_auroc")
     few = [f"{int(n)} {name}" for key, name in classes if (n := _known(row, key)) is not None and n < MIN_CLASS]
     text = "n/a" if value is None else f"{value:.2f}"
     if few:
         return f"{text} (too few: {', '.join(few)})" if counts else f"{text} (too few)"
     if value is None:
         return text
-    low, high = (_number(_known(row, k), "{:.2f}") for k in ("rm_outcome_auroc_low", "rm_outcome_auroc_high"))
+    low, high = (_number(_known(row, f"{prefix}_auroc_{k}"), "{:.2f}") for k in ("low", "high"))
     return f"{text} [{low}, {high}]"
 
 
 def process_auroc_text(row, prefix: str = "rm_process") -> str:
     """The RM's process AUROC (`prefix`: rm_process, the steps before an episode's last; rm_last,
-    the last steps) with its 95% interval: "0.71 [0.64, 0.78]"; "0.55 (too few: 3 bad)" where a
-    label has fewer than `MIN_CLASS` judged steps; "n/a" without labels or with one label only."""
-    value = _known(row, f"{prefix}_auroc")
-    classes = ((f"{prefix}_good", "good"), (f"{prefix}_bad", "bad"))
-    few = [f"{int(n)} {name}" for key, name in classes if (n := _known(row, key)) is not None and n < MIN_CLASS]
-    text = "n/a" if value is None else f"{value:.2f}"
-    if few or value is None:
-        return f"{text} (too few: {', '.join(few)})" if few else text
-    low, high = (_number(_known(row, f"{prefix}_auroc_{k}"), "{:.2f}") for k in ("low", "high"))
-    return f"{text} [{low}, {high}]"
+    the last steps) as `auroc_text` writes it, its classes the good and bad labelled steps:
+    "0.71 [0.64, 0.78]", "0.55 (too few: 3 bad)", "n/a" without labels or with one label only."""
+    return auroc_text(row, prefix=prefix, classes=((f"{prefix}_good", "good"), (f"{prefix}_bad", "bad")))
 
 
 def process_markdown(summary: pd.DataFrame) -> list[str]:

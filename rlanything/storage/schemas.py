@@ -249,9 +249,7 @@ EVAL_STEP_LABELS = pa.schema(
     [
         pa.field("split", pa.string(), nullable=False),
         pa.field("problem_idx", pa.int32(), nullable=False),
-        pa.field("step_idx", pa.int32(), nullable=False),
-        pa.field("label", pa.int8(), nullable=False),  # +1 a good step, -1 a bad one
-        pa.field("rule", pa.string(), nullable=False),  # which case of the environment's rule gave it
+        *(STEP_LABELS.field(name) for name in ("step_idx", "label", "rule")),
         pa.field("last", pa.bool_(), nullable=False),
     ]
 )

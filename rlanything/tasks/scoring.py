@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 import math
 
+import numpy as np
 import pandas as pd
 
 from rlanything import metric_names as names
-from rlanything.algo.rm_accuracy import guard, outcome_prediction, process_accuracy, process_auroc
+from rlanything.algo.rm_accuracy import guard, outcome_prediction, process_accuracy, process_auroc, verdict_shares
 from rlanything.algo.samples import select_samples
 from rlanything.models.engine_factory import make_engine
 from rlanything.models.generation import PrefixCache
@@ -34,24 +35,21 @@ def steps_to_judge(
     for traj_id, traj in steps[steps.traj_id.isin(trainable)].sort_values("step_idx").groupby("traj_id"):
         history: list[tuple[str, str]] = []
         for row in traj.itertuples(index=False):
+            start = 0 if history_steps is None else max(0, len(history) - history_steps)
             out.append(
                 {
                     "traj_id": traj_id,
                     "task_id": row.task_id,
                     "step_idx": row.step_idx,
                     "task": first[traj_id],
-                    "history": history[len(history) - shown :] if (shown := _shown(history, history_steps)) else [],
-                    "shown_from": len(history) - shown,
+                    "history": history[start:],
+                    "shown_from": start,
                     "response": row.response,
                     "observation": row.observation,
                 }
             )
             history.append((row.response, row.observation))
     return out
-
-
-def _shown(history: list, history_steps: int | None) -> int:
-    return len(history) if history_steps is None else min(history_steps, len(history))
 
 
 @step_task("rm_score")
@@ -159,12 +157,13 @@ def rm_verdict_metrics(judged: pd.DataFrame, rm: pd.DataFrame) -> dict[str, floa
     overall and in won / lost episodes (`judged`: parsed judgments with their outcome), and the
     share of its samples (`rm`) with zero advantage because the step's m verdicts agreed: a judge
     that always says the same stops being trained (docs/method.md). NaN (not logged) where empty."""
-    plus = judged.step_score > 0
-    won = judged.outcome > 0
+    scores, parsed = judged.step_score.to_numpy(), judged.parsed.to_numpy()
+    shares = verdict_shares(scores, parsed, judged.outcome.map({1: "won", -1: "lost"}).to_numpy())
+    shares |= verdict_shares(scores, parsed, np.full(len(judged), "all"))
     return {
-        "rm/plus_share": float(plus.mean()) if len(judged) else math.nan,
-        "rm/plus_share_won": float(plus[won].mean()) if won.any() else math.nan,
-        "rm/plus_share_lost": float(plus[~won].mean()) if (~won).any() else math.nan,
+        "rm/plus_share": shares.get("all", (math.nan,))[0],
+        "rm/plus_share_won": shares.get("won", (math.nan,))[0],
+        "rm/plus_share_lost": shares.get("lost", (math.nan,))[0],
         "rm/zero_advantage_share": float((rm.drop_reason == "zero_std").mean()) if len(rm) else math.nan,
     }
 
