@@ -46,6 +46,7 @@ def main() -> None:
     from rlanything.envs import make_env
     from rlanything.models.engine_factory import make_engine
     from rlanything.models.loading import resolve_model_path
+    from rlanything.models.precision import precision_of
 
     config = load_config(args.config, args.overrides)
     specs, _ = heldout_problems(config.env, args.split, args.problems, config.run.seed, [])
@@ -55,7 +56,8 @@ def main() -> None:
         env.reset(spec)
         env.close()
     print(f"{len(specs)} {args.split} games of {config.env.kind} ready in {time.perf_counter() - start:.1f} s")
-    engine, tokenizer = make_engine(config.policy, "policy", resolve_model_path(config.policy.model))
+    precision = precision_of(config, "policy")  # the config's, resolved on this machine
+    engine, tokenizer = make_engine(config.policy, "policy", resolve_model_path(config.policy.model), precision)
     generate = engine.generate
 
     def timed(prompts, **kwargs):

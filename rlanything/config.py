@@ -110,6 +110,11 @@ class OptimConfig(_Section):
     """Cosine schedule: the final lr as a fraction of lr."""
     micro_batch_size: int = Field(4, ge=1)
     """Sequences per forward/backward; gradient accumulation fills each optimizer step."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Arithmetic of the update. `bf16`: forward and backward under bf16 autocast over fp32
+    master weights and fp32 AdamW state (checkpoints stay fp32); `fp32`: all fp32; `auto`: bf16
+    where the hardware has bf16 matrix units (CPU amx_bf16 or avx512_bf16, a bf16-capable GPU),
+    else fp32 (models/precision.py). Resolved once per run, kept in its precision.json."""
     frozen: bool = False
     """Skip the update: the step trains on no sample and writes the unchanged weights as the
     iteration's checkpoint (the learning test's control run, e.g. `rm.optim.frozen: true`)."""
@@ -154,7 +159,7 @@ class VllmConfig(_Section):
     max_model_len: int = Field(4096, ge=16)
     """Longest prompt + response the server accepts (sets the KV cache size per sequence)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Server weights dtype; `auto` follows the owning section's dtype."""
+    """Server weights dtype; `auto` follows the owning section's precision."""
     extra_args: list[str] = []
     """More `vllm serve` flags, e.g. ["--enforce-eager", "--max-num-seqs", "256"]."""
     env: dict[str, str] = {}
@@ -185,8 +190,12 @@ class ModelConfig(_Section):
     """Where the transformers engine (and, for the policy and RM, an update with train.backend
     torch) puts the model: `auto` (the first GPU if there is one, else the CPU), `cpu`, `cuda`,
     `cuda:N`. A vLLM server picks its GPUs itself (`vllm.env: {CUDA_VISIBLE_DEVICES: ...}`)."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Weights dtype for generation and training (log-probs come from the same precision)."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Arithmetic of generation: the engine's weights in fp32 or bf16; `auto`: bf16 where the
+    hardware has bf16 matrix units (CPU amx_bf16 or avx512_bf16, a bf16-capable GPU), else fp32
+    (models/precision.py). Resolved once per run, kept in its precision.json. The update's own
+    is `optim.precision`; where they differ, the PPO ratio uses the trainer's log-probs
+    (`algo.old_logprobs`)."""
     batch_size: int = Field(128, ge=1)
     """Transformers engine: most sequences decoded together. Decoding batches continuously: a
     sequence that ends leaves the batch and the next prompt takes its place. Fewer when their
@@ -259,7 +268,7 @@ class RewardModelConfig(ModelConfig):
 
 class EnvModelConfig(ModelConfig):
     """The environment model of task adaptation (rewrites and critic summaries). Never trained.
-    Fields left out take the policy's value: model (its base model), engine, device, dtype,
+    Fields left out take the policy's value: model (its base model), engine, device, precision,
     batch_size, kv_reuse_gb, vllm."""
 
     max_new_tokens: int = Field(160, ge=1)
@@ -268,7 +277,7 @@ class EnvModelConfig(ModelConfig):
     """Sampling temperature of rewrites and summaries."""
 
 
-ENV_MODEL_INHERITS = ("model", "engine", "device", "dtype", "batch_size", "kv_reuse_gb", "vllm")
+ENV_MODEL_INHERITS = ("model", "engine", "device", "precision", "batch_size", "kv_reuse_gb", "vllm")
 """Fields of `env_model` that default to the policy's value."""
 
 
@@ -390,6 +399,21 @@ class AlgoConfig(_Section):
     carry equal total weight in its update (our departure; `algo.advantages.outcome_balanced`):
     with most episodes failed, the paper's consistency reward O·S_j mostly pays "−1" and a small
     judge learns the class prior instead of the difference. Needs rm.role judge."""
+    old_logprobs: Literal["auto", "sampler", "trainer"] = "auto"
+    """Log-probs the PPO ratio and the KL take as the pre-update model's. `sampler`: the ones the
+    engine recorded while generating (the paper); `trainer`: recomputed by the update itself,
+    teacher-forced over the kept samples before its first step, in its own precision (as verl
+    does): a sampler in another precision (or another code path) gives each token a slightly
+    different log-prob, and a ratio against those is not 1 at the first step. Costs one
+    forward pass over the samples. `auto`: trainer unless generation and update are both fp32
+    (where the two agree to float rounding). Either way, with `trainer` the per-token gap is
+    logged (`mismatch/*`)."""
+    tis_cap: float | None = Field(None, gt=1)
+    """Truncated importance sampling on the sampler/trainer ratio: each token's PPO term is
+    weighed by min(exp(trainer − sampler), tis_cap) (`algo.mismatch.tis_weights`; needs the
+    trainer's log-probs, so it is used only where `old_logprobs` resolves to trainer). None:
+    off (the paper has none). `mismatch/outside_cap` counts tokens outside [1/C, C] with this
+    C, or 2 when off."""
     rm_guard: RMGuardConfig = RMGuardConfig()
     """The reward-hacking alarm, and whether a flag switches the policy to outcome-only."""
 
@@ -586,6 +610,7 @@ _MOVED = {
     ("adapt", "temperature"): ("env_model", "temperature"),
 }
 _RENAMED_OPTIONS = {("textworld", "options"): "tw_make"}
+_DTYPE_TO_PRECISION = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 def _move(data: dict[str, Any], old: str, new: str, value: Any, moved: list[str]) -> None:
@@ -625,7 +650,22 @@ def migrate(data: dict[str, Any]) -> list[str]:
         for key, value in section.items():
             new_key = _RENAMED_OPTIONS.get((name, key), key)
             _move(data, f"env.{name}.{key}", f"env.options.{new_key}", value, moved)
+    _migrate_dtype(data, moved)
     return moved
+
+
+def _migrate_dtype(data: dict[str, Any], moved: list[str]) -> None:
+    """`<section>.dtype: float32 | bfloat16` (weights for generation and training) ->
+    `<section>.precision` and, for the trained policy and RM, `<section>.optim.precision`."""
+    for name in ("policy", "rm", "env_model"):
+        section = data.get(name)
+        if not isinstance(section, dict) or "dtype" not in section:
+            continue
+        value = section.pop("dtype")
+        new = _DTYPE_TO_PRECISION.get(value, value)  # anything else: the field names the error
+        _move(data, f"{name}.dtype", f"{name}.precision", new, moved)
+        if name != "env_model":
+            _move(data, f"{name}.dtype", f"{name}.optim.precision", new, moved)
 
 
 def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:

@@ -7,6 +7,10 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ["RLANYTHING_PROGRESS"] = "0"
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # as the CLI sets it: see rlanything/cli.py
+# `precision: auto` reads the CPU's flags (models/precision.py): with none, every machine the
+# suite runs on resolves it to fp32 alike, so figures compared across runs and machines hold.
+# Tests of bf16 set a precision explicitly, or these flags.
+os.environ["RLANYTHING_CPU_FLAGS"] = ""
 
 from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -142,31 +142,31 @@ def test_env_model_defaults_to_the_policy_base_and_its_engine_settings():
         "model": "builtin:tiny-random",
         "engine": "transformers",
         "device": "cpu",
-        "dtype": "bfloat16",
+        "precision": "bf16",
         "batch_size": 5,
         "kv_reuse_gb": 0.5,
     }
     config = build_config({"policy": policy})
     env_model = config.env_model
-    assert (env_model.model, env_model.device, env_model.dtype, env_model.batch_size, env_model.kv_reuse_gb) == (
+    assert (env_model.model, env_model.device, env_model.precision, env_model.batch_size, env_model.kv_reuse_gb) == (
         "builtin:tiny-random",
         "cpu",
-        "bfloat16",
+        "bf16",
         5,
         0.5,
     )
     assert env_model.temperature == 0.7  # its own sampling defaults, not the policy's
-    own = build_config({"policy": policy, "env_model": {"dtype": "float32", "batch_size": 3, "model": "/models/x"}})
-    assert (own.env_model.dtype, own.env_model.batch_size, own.env_model.model) == ("float32", 3, "/models/x")
+    own = build_config({"policy": policy, "env_model": {"precision": "fp32", "batch_size": 3, "model": "/models/x"}})
+    assert (own.env_model.precision, own.env_model.batch_size, own.env_model.model) == ("fp32", 3, "/models/x")
     assert own.env_model.device == "cpu"  # still the policy's where left out
-    assert config.rm_model == "builtin:tiny-random" and config.rm.dtype == "float32"  # the RM keeps its own
+    assert config.rm_model == "builtin:tiny-random" and config.rm.precision == "auto"  # the RM keeps its own
 
 
 def test_env_model_round_trips_resolved(tmp_path):
-    config = build_config({"policy": {"dtype": "bfloat16"}})
+    config = build_config({"policy": {"precision": "bf16"}})
     save_config(config, tmp_path / "config.yaml")
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
-    assert saved["env_model"]["dtype"] == "bfloat16"  # the file says what runs
+    assert saved["env_model"]["precision"] == "bf16"  # the file says what runs
     again = load_config(tmp_path / "config.yaml")
     assert again == config and again.digest() == config.digest()
 

@@ -213,9 +213,10 @@ def source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def play_key(config, split: str, specs: list[dict], weights_digest: str | None) -> str | None:
-    """What decides a split's greedy episodes, hashed (module docstring); None without a
-    weights digest (weights that are no folder): such episodes are never reused."""
+def play_key(config, split: str, specs: list[dict], weights_digest: str | None, precision: str = "fp32") -> str | None:
+    """What decides a split's greedy episodes, hashed (module docstring), with the policy's
+    resolved generation `precision`; None without a weights digest (weights that are no
+    folder): such episodes are never reused."""
     if weights_digest is None:
         return None
     policy = config.policy.model_dump(mode="json", exclude={"model", "optim"})  # the weights say it
@@ -225,19 +226,21 @@ def play_key(config, split: str, specs: list[dict], weights_digest: str | None) 
         "specs": specs,
         "env": config.env.model_dump(mode="json"),
         "policy": policy,
+        "precision": precision,
         "max_new_tokens": config.eval.max_new_tokens or config.policy.max_new_tokens,
         "source": source_digest(),
     }
     return _digest(blob)
 
 
-def rm_key(config, weights_digest: str | None, episodes_key: str | None) -> str | None:
+def rm_key(config, weights_digest: str | None, episodes_key: str | None, precision: str = "fp32") -> str | None:
     """What decides the RM's judgments of a split's episodes (`play_key` `episodes_key`),
-    hashed: the RM's weights and its settings (rm.*, but the seed; module docstring)."""
+    hashed: the RM's weights, its settings (rm.*, but the seed; module docstring) and its
+    resolved generation `precision`."""
     if weights_digest is None or episodes_key is None:
         return None
     rm = config.rm.model_dump(mode="json", exclude={"model", "optim"})
-    return _digest({"weights": weights_digest, "rm": rm, "episodes": episodes_key})
+    return _digest({"weights": weights_digest, "rm": rm, "episodes": episodes_key, "precision": precision})
 
 
 @dataclass(frozen=True)

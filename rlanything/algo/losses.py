@@ -91,11 +91,14 @@ def ppo_clip_loss(
     response_mask: torch.Tensor,
     clip_eps: float = 0.2,
     kl_beta: float = 0.01,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip loss with a k3 KL penalty, reduced by ``masked_sequence_mean``.
 
     logprobs (B, T) with grad, old_logprobs (B, T), advantages (B,) (one per sample,
-    applied to all its response tokens), response_mask (B, T) -> (loss scalar, stats). stats holds python floats:
+    applied to all its response tokens), response_mask (B, T), optional is_weights (B, T)
+    (detached per-token weights of the clipped term: truncated importance sampling,
+    `algo.mismatch.tis_weights`) -> (loss scalar, stats). stats holds python floats:
     "loss", "pg_loss", "kl" (same reduction as the loss; loss = pg_loss + kl_beta * kl),
     "clip_frac", "ratio_mean" (means over all masked tokens).
 
@@ -112,6 +115,8 @@ def ppo_clip_loss(
     pg_unclipped = -ratio * adv
     pg_clipped = -torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
     pg = torch.maximum(pg_unclipped, pg_clipped)  # = -min(ratio * A, clip(ratio) * A)
+    if is_weights is not None:
+        pg = pg * is_weights.to(pg.dtype)
 
     ref_diff = torch.where(mask, old_logprobs - logprobs, zero)  # (B, T): the reference is the sampler
     ref_diff = torch.clamp(ref_diff, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # exp(+big) would be inf

@@ -12,7 +12,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from rlanything import stopping
 from rlanything.config import Config, ConfigError, flatten, load_config, save_config
@@ -20,6 +20,7 @@ from rlanything.envs import initial_specs
 from rlanything.flows.evaluation import BASE, eval_dir, eval_flow
 from rlanything.flows.iteration import iteration_flow
 from rlanything.flows.runlock import run_lock
+from rlanything.models.precision import as_params, describe, run_precision
 from rlanything.storage import tracking
 from rlanything.storage.buffer import initial_buffer, write_buffer
 from rlanything.storage.layout import RunLayout
@@ -38,6 +39,8 @@ def prepare_run(config: Config) -> RunLayout:
                 "choose another run.name (--set run.name=...) or resume it with `rlanything resume`"
             )
     save_config(config, layout.config)
+    precision = run_precision(config, layout.run_dir)  # decided at the run's start, kept for its resumes
+    get_run_logger().info("precision: %s", describe(precision))  # prepare_run runs inside a flow
     if not layout.tasks_snapshot(0).exists():
         specs = initial_specs(config.env, config.run.seed)
         write_buffer(initial_buffer(specs), layout.tasks_snapshot(0))
@@ -45,7 +48,7 @@ def prepare_run(config: Config) -> RunLayout:
     run_id = tracking.get_or_create_run(
         config.mlflow_uri, config.run.experiment, root / "mlartifacts", layout.run_dir, config.run.name
     )
-    tracking.log_params(config.mlflow_uri, run_id, flatten(config.to_dict()))
+    tracking.log_params(config.mlflow_uri, run_id, flatten(config.to_dict()) | as_params(precision))
     write_text(run_id + "\n", layout.mlflow_run_id_file)
     return layout
 

@@ -22,6 +22,7 @@ import pandas as pd
 from rlanything.algo.curriculum import adaptation_direction, judge_rewrite, task_accuracy
 from rlanything.models.engine_factory import make_engine
 from rlanything.models.loading import resolve_model_path
+from rlanything.models.precision import precision_of
 from rlanything.models.rewriters import ModelRewriter, RuleRewriter, extractive_summary, failed_steps
 from rlanything.seeding import derive_seed
 from rlanything.storage.buffer import add_pending, settle_pending
@@ -133,10 +134,11 @@ def _ids(buffer: pd.DataFrame, task_id: str) -> dict:
 
 def environment_model(config) -> ModelRewriter:
     """The environment model that writes critic summaries and rewrites: section `env_model` (its
-    own engine, device, dtype, batch size; not the policy's), built by `make_engine` like the
+    own engine, device, precision, batch size; not the policy's), built by `make_engine` like the
     policy's and the RM's."""
     section = config.env_model
-    engine, tokenizer = make_engine(section, "env", resolve_model_path(section.model))
+    precision = precision_of(config, "env_model", run_dir=config.run_dir)
+    engine, tokenizer = make_engine(section, "env", resolve_model_path(section.model), precision)
     return ModelRewriter(engine, tokenizer, section.max_new_tokens, section.temperature, section.top_p)
 
 

@@ -56,7 +56,7 @@ DEEPSPEED_STATE = "deepspeed_state"
 class UpdateJob:
     start: str  # checkpoint folder the update starts from (weights, optimizer.pt, adapter/)
     out: str  # checkpoint folder to write
-    dtype: str
+    precision: str  # fp32 | bf16 (autocast over fp32 weights), resolved (models/precision.py)
     lora: dict  # rlanything.config.LoraConfig as a dict
     lr: float
     weight_decay: float
@@ -75,6 +75,8 @@ class UpdateJob:
     total_steps: int = 0
     min_lr_ratio: float = 0.0
     device: str = "auto"  # backend torch: where the model trains (config `device`)
+    recompute_old: bool = False  # the trainer's own pre-update log-probs (algo.old_logprobs)
+    tis_cap: float | None = None  # truncated importance sampling against the sampler (algo.tis_cap)
     extra: dict = field(default_factory=dict)  # free-form notes (kind, iteration) for logs
 
 
@@ -150,7 +152,7 @@ def run_update(
     backend "torch": plain loop; "accelerate": `Accelerator()` as configured by the
     environment (`accelerate launch` sets it; in a plain process: one process, CPU or GPU).
     """
-    model, tokenizer = load_for_training(Path(job.start), job.dtype, _lora(job), seed=job.seed)
+    model, tokenizer = load_for_training(Path(job.start), "float32", _lora(job), seed=job.seed)  # fp32 masters
     if backend == "torch":
         model.to(resolve_device(job.device))  # before the optimizer: its resumed moments land there too
     optimizer = make_optimizer(model, job.lr, job.weight_decay, _optimizer_state(job))
@@ -168,6 +170,9 @@ def run_update(
             job.first_step + k, job.lr, job.warmup_steps, job.schedule, job.total_steps, job.min_lr_ratio
         ),
         on_micro_batch=on_micro_batch,
+        precision=job.precision,
+        recompute_old=job.recompute_old,
+        tis_cap=job.tis_cap,
     )
     if backend == "torch":
         history = ppo_update(model, optimizer, samples, backend=TorchBackend(), **kwargs)

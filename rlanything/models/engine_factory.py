@@ -10,16 +10,21 @@ from collections.abc import Callable
 from rlanything.models.engine import TransformersEngine
 from rlanything.models.generation import eos_ids_of
 from rlanything.models.loading import load_model, load_tokenizer
+from rlanything.models.precision import TORCH_DTYPE_NAME
 from rlanything.models.vllm_engine import VllmEngine, shared_server
 
 
-def make_engine(section, role: str, model_dir, on_batch: Callable[[int], None] | None = None, log_path=None):
-    """The engine a model section (policy, rm, env_model: engine, device, dtype, batch_size,
-    kv_reuse_gb, vllm) names, serving the weights in `model_dir` -> (engine, tokenizer). `role`
-    keys the process-wide vLLM server ("policy", "rm", "env")."""
+def make_engine(
+    section, role: str, model_dir, precision: str, on_batch: Callable[[int], None] | None = None, log_path=None
+):
+    """The engine a model section (policy, rm, env_model: engine, device, batch_size,
+    kv_reuse_gb, vllm) names, serving the weights in `model_dir` in `precision` (fp32 or bf16:
+    the section's resolved one, `models.precision`) -> (engine, tokenizer). `role` keys the
+    process-wide vLLM server ("policy", "rm", "env")."""
+    dtype = TORCH_DTYPE_NAME[precision]
     tokenizer = load_tokenizer(model_dir)
     if section.engine == "transformers":
-        model = load_model(model_dir, section.dtype, section.device)
+        model = load_model(model_dir, dtype, section.device)
         engine = TransformersEngine(
             model,
             tokenizer,
@@ -29,6 +34,6 @@ def make_engine(section, role: str, model_dir, on_batch: Callable[[int], None] |
             keep_bytes=section.kv_reuse_gb * 2**30,
         )
         return engine, tokenizer
-    server = shared_server(role, section.vllm, model_dir, section.dtype, log_path)
+    server = shared_server(role, section.vllm, model_dir, dtype, log_path)
     engine = VllmEngine(server, tokenizer, eos_ids_of(model_dir, tokenizer), section.vllm.concurrency, on_batch)
     return engine, tokenizer

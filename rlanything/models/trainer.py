@@ -5,8 +5,14 @@ optimizer step each; every mini-batch is processed in micro-batches whose losses
 by their share of the mini-batch, so the gradient equals the mini-batch's mean over sequences
 whatever the micro-batch size. Within a mini-batch, samples are ordered by prompt so those
 sharing one land in the same micro-batch, whose forward runs each shared prefix once
-(`models.packing`). The ratio and the k3 KL are both taken against the log-probs recorded by
-the engine that generated the samples (the pre-update model). The paper takes one pass; more
+(`models.packing`). The ratio and the k3 KL are both taken against the pre-update model's
+log-probs: the ones the engine recorded while generating (the paper), or, with
+`recompute_old`, the trainer's own, teacher-forced over every sample before the first step in
+the update's precision (`algo.old_logprobs`: a sampler in bf16 gives each token a log-prob a
+little off the trainer's). Then the sampler's stay beside them: each step measures the gap
+(`algo.mismatch.mismatch_measures`) and, with `tis_cap`, weighs each token's PPO term by the
+truncated ratio (`algo.mismatch.tis_weights`). `precision` bf16 runs forward and backward under
+bf16 autocast; the weights and AdamW stay fp32. The paper takes one pass; more
 (`optim.epochs`) reuse each generated token, the clip keeping later passes near the sampler.
 
 Where the arithmetic runs is a small seam, `TrainBackend`: `TorchBackend` (one process, plain
@@ -29,6 +35,7 @@ from typing import Protocol
 import torch
 
 from rlanything.algo.losses import masked_sequence_mean, ppo_clip_loss
+from rlanything.algo.mismatch import REPORT_CAP, mismatch_measures, tis_weights
 from rlanything.models.packing import packed_response_logprobs
 
 
@@ -36,8 +43,9 @@ from rlanything.models.packing import packed_response_logprobs
 class Sample:
     input_ids: list[int]  # prompt + response
     response_len: int
-    old_logprobs: list[float]  # (response_len,)
+    old_logprobs: list[float]  # (response_len,): the pre-update model's (the sampler's, or recomputed)
     advantage: float
+    sampler_logprobs: list[float] | None = None  # the sampler's, where old_logprobs were recomputed
 
 
 def prompt_of(sample: Sample) -> list[int]:
@@ -118,12 +126,19 @@ def ppo_update(
     lr_at: Callable[[int], float] | None = None,
     on_micro_batch: Callable[[int], None] = lambda n: None,
     backend: TrainBackend | None = None,
+    precision: str = "fp32",
+    recompute_old: bool = False,
+    tis_cap: float | None = None,
 ) -> list[dict]:
     """`epochs` passes over `samples`, each reshuffled (seeded) into min(updates, len(samples))
     mini-batches of one optimizer step each. `lr_at(k)` sets the lr of this call's k-th step
-    (0-based; None keeps the optimizer's). -> one stats dict per optimizer step (update_idx,
-    epoch, num_samples, num_tokens, loss, pg_loss, kl, clip_frac, entropy, grad_norm, lr),
-    identical on every process. No samples -> no step, empty list.
+    (0-based; None keeps the optimizer's). `precision` fp32 or bf16 (autocast); `recompute_old`:
+    the trainer's own old log-probs (module docstring); `tis_cap`: truncated importance sampling
+    against the sampler (needs `recompute_old`). -> one stats dict per optimizer step (update_idx,
+    epoch, num_samples, num_tokens, loss, pg_loss, kl, clip_frac, entropy, grad_norm, lr, and the
+    sampler/trainer gap over the step's samples, None without `recompute_old`: mismatch_abs_mean,
+    mismatch_abs_max, mismatch_outside_cap), identical on every process. No samples -> no
+    step, empty list.
 
     Worked example: 10 samples, updates 2, epochs 3 -> 6 steps of 5 samples, every sample once
     per epoch. In the first step the weights are the generating model's, so every ratio is 1
@@ -132,6 +147,9 @@ def ppo_update(
     if not samples:
         return []
     backend = backend or TorchBackend()
+    autocast = _autocast(model, precision)
+    if recompute_old:
+        samples = with_trainer_logprobs(model, samples, pad_id, temperature, micro_batch_size, autocast)
     rng = random.Random(seed)  # one stream: the first epoch's order is the same whatever `epochs`
     n_mini = min(updates, len(samples))
     model.train()
@@ -142,26 +160,78 @@ def ppo_update(
             if lr_at is not None:
                 for group in optimizer.param_groups:
                     group["lr"] = lr_at(len(history))
-            stats = _minibatch_step(
-                model,
-                optimizer,
-                samples,
-                mini,
-                backend,
-                micro_batch_size,
-                on_micro_batch,
-                grad_clip,
-                pad_id=pad_id,
-                temperature=temperature,
-                clip_eps=clip_eps,
-                kl_beta=kl_beta,
-            )
-            history.append({"update_idx": len(history), "epoch": epoch, **stats})
+            with autocast:
+                stats = _minibatch_step(
+                    model,
+                    optimizer,
+                    samples,
+                    mini,
+                    backend,
+                    micro_batch_size,
+                    on_micro_batch,
+                    grad_clip,
+                    pad_id=pad_id,
+                    temperature=temperature,
+                    clip_eps=clip_eps,
+                    kl_beta=kl_beta,
+                    tis_cap=tis_cap,
+                )
+            gap = _gap([samples[i] for i in mini], tis_cap or REPORT_CAP)
+            history.append({"update_idx": len(history), "epoch": epoch, **stats, **gap})
     model.eval()
     return history
 
 
 MEASURES = ("loss", "pg_loss", "kl", "clip_frac", "entropy")  # per optimizer step, means over its samples
+MISMATCH = ("mismatch_abs_mean", "mismatch_abs_max", "mismatch_outside_cap")  # per step, over its samples' tokens
+
+
+def _autocast(model, precision: str) -> AbstractContextManager:
+    """bf16 autocast on the model's device, or nothing (fp32)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision != "bf16":
+        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
+
+
+def with_trainer_logprobs(
+    model, samples: list[Sample], pad_id: int, temperature: float, micro_batch_size: int, autocast
+):
+    """`samples` with old_logprobs recomputed by `model` (the pre-update weights, teacher-forced,
+    no gradient, under `autocast`) and the sampler's kept as sampler_logprobs. Samples sharing a
+    prompt go through together (their prompt runs once); every process computes all of them,
+    the same number of forwards on each (a collective forward under ZeRO-3 needs that)."""
+    order = sorted(range(len(samples)), key=lambda i: prompt_of(samples[i]))
+    out: list[Sample | None] = [None] * len(samples)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad(), autocast:
+        for start in range(0, len(order), micro_batch_size):
+            idx = order[start : start + micro_batch_size]
+            micro = [samples[i] for i in idx]
+            lens = [s.response_len for s in micro]
+            logprobs, _ = packed_response_logprobs(model, [s.input_ids for s in micro], lens, pad_id, temperature)
+            for row, (i, s) in enumerate(zip(idx, micro)):
+                mine = logprobs[row, logprobs.shape[1] - s.response_len :].float().tolist()
+                out[i] = Sample(s.input_ids, s.response_len, mine, s.advantage, list(s.old_logprobs))
+    model.train(was_training)
+    return out
+
+
+def _gap(samples: list[Sample], cap: float) -> dict:
+    """The sampler/trainer gap over `samples`' response tokens (`MISMATCH`), None where the old
+    log-probs are the sampler's own."""
+    if not samples or samples[0].sampler_logprobs is None:
+        return dict.fromkeys(MISMATCH)
+    trainer = [lp for s in samples for lp in s.old_logprobs]
+    sampler = [lp for s in samples for lp in s.sampler_logprobs]
+    m = mismatch_measures(trainer, sampler, cap)
+    return {
+        "mismatch_abs_mean": m["abs_mean"],
+        "mismatch_abs_max": m["abs_max"],
+        "mismatch_outside_cap": m["outside_cap"],
+    }
 
 
 def _minibatch_step(
@@ -207,7 +277,9 @@ def _minibatch_step(
     }
 
 
-def _micro_batch_loss(model, micro: list[Sample], *, pad_id: int, temperature: float, clip_eps: float, kl_beta: float):
+def _micro_batch_loss(
+    model, micro: list[Sample], *, pad_id: int, temperature: float, clip_eps: float, kl_beta: float, tis_cap=None
+):
     """PPO-clip loss of a few samples -> (loss, stats with the mean token entropy added)."""
     lens = [s.response_len for s in micro]
     seqs = [s.input_ids for s in micro]
@@ -216,6 +288,12 @@ def _micro_batch_loss(model, micro: list[Sample], *, pad_id: int, temperature: f
     for row, s in enumerate(micro):  # right-align each response, as response_logprobs does
         old[row, old.shape[1] - s.response_len :] = torch.tensor(s.old_logprobs)
     advantages = torch.tensor([s.advantage for s in micro], device=logprobs.device)
-    loss, stats = ppo_clip_loss(logprobs, old, advantages, mask, clip_eps=clip_eps, kl_beta=kl_beta)
+    weights = None
+    if tis_cap is not None and micro[0].sampler_logprobs is not None:
+        sampler = torch.zeros_like(logprobs)
+        for row, s in enumerate(micro):
+            sampler[row, sampler.shape[1] - s.response_len :] = torch.tensor(s.sampler_logprobs)
+        weights = tis_weights(old, sampler, mask, tis_cap)
+    loss, stats = ppo_clip_loss(logprobs, old, advantages, mask, clip_eps=clip_eps, kl_beta=kl_beta, is_weights=weights)
     stats["entropy"] = float(masked_sequence_mean(entropy, mask))
     return loss, stats

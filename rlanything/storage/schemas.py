@@ -156,6 +156,10 @@ UPDATE = pa.schema(
         pa.field("entropy", pa.float32(), nullable=False),  # mean next-token entropy on response tokens
         pa.field("grad_norm", pa.float32(), nullable=False),  # before clipping
         pa.field("lr", pa.float32(), nullable=False),
+        # |trainer - sampler| log-prob per response token of the step's samples (null: not recomputed)
+        pa.field("mismatch_abs_mean", pa.float32()),
+        pa.field("mismatch_abs_max", pa.float32()),
+        pa.field("mismatch_outside_cap", pa.float32()),  # ratio outside [1/C, C]
     ]
 )
 

@@ -19,6 +19,7 @@ from rlanything.algo.metrics import success_summary
 from rlanything.config import load_config
 from rlanything.envs.heldout import SPLITS
 from rlanything.models.engine_factory import make_engine
+from rlanything.models.precision import precision_of
 from rlanything.reports.eval import RM_MEASURES, plot_splits, summary_markdown
 from rlanything.storage.buffer import read_buffer
 from rlanything.storage.parquet import read_table, write_table
@@ -40,10 +41,14 @@ def trained_specs(run_dir: str | None) -> list[dict]:
     return list(specs.values())
 
 
-def _play(config, weights: str, specs: list[dict], split: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The policy in `weights` plays `specs` greedily -> (episodes, EVAL_STEPS steps); its
-    engine is gone when this returns (before the RM loads)."""
-    engine, tokenizer = make_engine(config.policy, "policy", Path(weights))
+def _play(
+    config, weights: str, specs: list[dict], split: str, run_dir: str | None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The policy in `weights` plays `specs` greedily, in the run's generation precision (or, outside
+    a run, the config's resolved now) -> (episodes, EVAL_STEPS steps); its engine is gone when
+    this returns (before the RM loads)."""
+    precision = precision_of(config, "policy", "generation", run_dir)
+    engine, tokenizer = make_engine(config.policy, "policy", Path(weights), precision)
     max_new_tokens = config.eval.max_new_tokens or config.policy.max_new_tokens
     rows, steps = play_greedy_steps(engine, tokenizer, config.env, specs, split, max_new_tokens=max_new_tokens)
     episodes = pd.DataFrame(rows) if rows else pd.DataFrame(columns=EVAL_EPISODES.names)
@@ -76,11 +81,14 @@ def evaluate_split(
     inject_fault("eval", BASE_ITERATION if iteration is None else iteration, "start")
     config = load_config(config_path, overrides)
     specs, dropped = heldout_problems(config.env, split, config.eval.problems, config.run.seed, trained_specs(run_dir))
-    keys = {"play_key": play_key(config, split, specs, (digests or {}).get("policy"))}
+    precision = {name: precision_of(config, name, run_dir=run_dir) for name in ("policy", "rm")}
+    keys = {"play_key": play_key(config, split, specs, (digests or {}).get("policy"), precision["policy"])}
     if rm_weights is not None:
-        keys["rm_key"] = rm_key(config, (digests or {}).get("rm"), keys["play_key"])
+        keys["rm_key"] = rm_key(config, (digests or {}).get("rm"), keys["play_key"], precision["rm"])
     source = earlier_split([Path(f) for f in earlier or []], split, specs, keys)
-    episodes, steps = _play(config, weights, specs, split) if source is None else (source.episodes(), source.steps())
+    episodes, steps = (
+        _play(config, weights, specs, split, run_dir) if source is None else (source.episodes(), source.steps())
+    )
     path = write_table(episodes.assign(weights=label, iteration=iteration), EVAL_EPISODES, Path(out))
     steps_path = write_table(steps, EVAL_STEPS, path.with_name(f"{split}.steps.parquet"))
     metrics = {f"eval/{split}/dropped_seen": dropped, f"eval/{split}/episodes_reused": float(source is not None)}
@@ -98,7 +106,7 @@ def evaluate_split(
             contexts = steps_to_judge(
                 steps.rename(columns={"problem_idx": "traj_id"}), frame, frame, config.rm.history_steps
             )
-            judge_split(config, Path(rm_weights), rm_label, contexts, split, iteration, judged)
+            judge_split(config, Path(rm_weights), rm_label, contexts, split, iteration, judged, run_dir)
         else:
             write_table(earlier_judgments.assign(weights=rm_label, iteration=iteration), EVAL_JUDGMENTS, judged)
         result["judgments"] = str(judged)

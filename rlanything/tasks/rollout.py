@@ -18,6 +18,7 @@ from rlanything.envs import make_env, sandbox
 from rlanything.envs.verification import label_episode, verify_episode
 from rlanything.models.engine_factory import make_engine
 from rlanything.models.generation import PrefixCache
+from rlanything.models.precision import precision_of
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
 from rlanything.storage.artifacts import read_artifact, write_artifact
@@ -41,7 +42,10 @@ def rollout(run_dir: str, iteration: int):
         return str(out.relative_to(layout.iter_dir(iteration)))
 
     with progress(f"iter {iteration}: rollout", total) as advance:
-        engine, tokenizer = make_engine(config.policy, "policy", path, advance, layout.run_dir / "vllm-policy.log")
+        precision = precision_of(config, "policy", "generation", layout.run_dir)
+        engine, tokenizer = make_engine(
+            config.policy, "policy", path, precision, advance, layout.run_dir / "vllm-policy.log"
+        )
         cache = PrefixCache()
         rows, episodes = play(
             engine,

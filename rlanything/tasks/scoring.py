@@ -14,6 +14,7 @@ from rlanything.algo.samples import select_samples
 from rlanything.models.engine_factory import make_engine
 from rlanything.models.generation import PrefixCache
 from rlanything.models.judge import judge_as_configured
+from rlanything.models.precision import precision_of
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
 from rlanything.storage.artifacts import read_artifact, write_artifact
@@ -66,7 +67,8 @@ def rm_score(run_dir: str, iteration: int):
     cache = PrefixCache()
     with progress(f"iter {iteration}: rm_score", len(todo) * config.rm.judgments_per_step) as advance:
         if todo:  # with no RM in the loop (m = 0, the policy-only arm) nothing is loaded or judged
-            engine, tokenizer = make_engine(config.rm, "rm", path, advance, layout.run_dir / "vllm-rm.log")
+            precision = precision_of(config, "rm", "generation", layout.run_dir)
+            engine, tokenizer = make_engine(config.rm, "rm", path, precision, advance, layout.run_dir / "vllm-rm.log")
             seed = derive_seed(config.run.seed, iteration, "rm_score")
             rows = judge_as_configured(engine, tokenizer, todo, config, seed, prefix_cache=cache)
             weights = weights_label(layout, engine.weights)

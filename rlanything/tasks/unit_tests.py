@@ -21,6 +21,7 @@ from rlanything.envs.unit_tests import parse_unit_test, pass_matrix, style_of, u
 from rlanything.models.engine_factory import make_engine
 from rlanything.models.generation import PrefixCache
 from rlanything.models.judge import write_unit_tests
+from rlanything.models.precision import precision_of
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
 from rlanything.storage.artifacts import read_artifact, write_artifact
@@ -54,9 +55,11 @@ def score_with_unit_tests(config: Config, layout: RunLayout, iteration: int) -> 
     requests = [(t, unit_test_request(problems[t]), unit_test_example(style_of(problems[t]))) for t in task_ids]
     rm = config.rm
     with progress(f"iter {iteration}: rm_score (unit tests)", len(requests) * rm.tests_per_task) as advance:
-        engine, tokenizer = make_engine(
-            rm, "rm", model_path(config, layout, "rm", iteration), advance, layout.run_dir / "vllm-rm.log"
+        path, precision = (
+            model_path(config, layout, "rm", iteration),
+            precision_of(config, "rm", run_dir=layout.run_dir),
         )
+        engine, tokenizer = make_engine(rm, "rm", path, precision, advance, layout.run_dir / "vllm-rm.log")
         rows = write_unit_tests(
             engine,
             tokenizer,

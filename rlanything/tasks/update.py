@@ -12,6 +12,7 @@ import pandas as pd
 from rlanything.config import PolicyConfig, RewardModelConfig
 from rlanything.metric_names import STEP_MEASURES, update_metric
 from rlanything.models.distributed import UpdateJob, launch_update, run_update
+from rlanything.models.precision import recompute_old_logprobs, run_precision
 from rlanything.models.trainer import Sample
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
@@ -42,10 +43,15 @@ def _update(run_dir: str, iteration: int, kind: str, samples: list[Sample], sect
     optim = section.optim
     samples = [] if optim.frozen else samples  # a control run: the checkpoint keeps the start weights
     first_step = steps_taken(layout, kind, iteration)
+    precision = run_precision(config, layout.run_dir)[kind]
+    generation, update = precision["generation"].precision, precision["update"].precision
+    recompute = recompute_old_logprobs(config.algo.old_logprobs, generation, update)
     job = UpdateJob(
         start=str(model_path(config, layout, kind, iteration).resolve()),
         out=str(layout.checkpoint(kind, iteration).resolve()),
-        dtype=section.dtype,
+        precision=update,
+        recompute_old=recompute,
+        tis_cap=config.algo.tis_cap if recompute else None,
         lora=section.lora.model_dump(),
         lr=optim.lr,
         weight_decay=optim.weight_decay,
@@ -80,6 +86,7 @@ def _update(run_dir: str, iteration: int, kind: str, samples: list[Sample], sect
         for key in STEP_MEASURES:
             metrics[update_metric(kind, key)] = float((frame[key] * weights).sum())
         metrics[update_metric(kind, "lr_last")] = float(frame.lr.iloc[-1])
+        metrics |= _mismatch(kind, frame)
         metrics[f"tokens/{kind}_trained"] = int(frame.num_tokens.sum())
         # every optimizer step's measures, x = the run's optimizer step (MLflow charts them per step)
         for row in frame.itertuples(index=False):
@@ -88,6 +95,20 @@ def _update(run_dir: str, iteration: int, kind: str, samples: list[Sample], sect
                 config.mlflow_uri, layout.mlflow_run_id(), step_metrics, step=first_step + row.update_idx
             )
     return [path], metrics  # checkpoints stay in the run folder: too big to copy per iteration
+
+
+def _mismatch(kind: str, frame: pd.DataFrame) -> dict[str, float]:
+    """The iteration's sampler/trainer gap from its first pass's steps (each sample once):
+    token-weighted mean and share outside the cap, the largest gap; none where not recomputed."""
+    first = frame[frame.epoch == 0]
+    if first.mismatch_abs_mean.isna().all():
+        return {}
+    tokens = first.num_tokens / first.num_tokens.sum()
+    return {
+        f"mismatch/{kind}_abs_mean": float((first.mismatch_abs_mean * tokens).sum()),
+        f"mismatch/{kind}_abs_max": float(first.mismatch_abs_max.max()),
+        f"mismatch/{kind}_outside_cap": float((first.mismatch_outside_cap * tokens).sum()),
+    }
 
 
 @step_task("policy_update")

@@ -30,7 +30,7 @@ def job(start, out, lora=False, **kw):
     args = dict(
         start=str(start),
         out=str(out),
-        dtype="float32",
+        precision="fp32",
         lora=LoraConfig(enabled=lora, r=4).model_dump(),
         lr=1e-3,
         weight_decay=0.0,

@@ -1,5 +1,5 @@
 """The environment model of task adaptation is built from its own section (`env_model`) by
-`make_engine`, like the policy and the RM: its dtype, batch size, engine and device, not the
+`make_engine`, like the policy and the RM: its precision, batch size, engine and device, not the
 policy's (it used to load on the CPU with the policy's dtype and batch size)."""
 
 import pytest
@@ -10,7 +10,7 @@ from rlanything.models.adapt_tasks import environment_model as env_model_rewrite
 from rlanything.models.engine import TransformersEngine
 from rlanything.models.loading import resolve_device
 
-POLICY = {"model": "builtin:tiny-random", "dtype": "float32", "batch_size": 32}
+POLICY = {"model": "builtin:tiny-random", "precision": "fp32", "batch_size": 32}
 
 
 def test_env_model_engine_takes_its_own_section():
@@ -18,7 +18,7 @@ def test_env_model_engine_takes_its_own_section():
         {
             "policy": POLICY,
             "env_model": {
-                "dtype": "bfloat16",
+                "precision": "bf16",
                 "batch_size": 3,
                 "device": "cpu",
                 "max_new_tokens": 12,
@@ -41,7 +41,7 @@ def test_env_model_engine_takes_its_own_section():
 
 
 def test_env_model_left_out_follows_the_policy():
-    config = build_config({"policy": {**POLICY, "dtype": "bfloat16", "batch_size": 5, "device": "cpu"}})
+    config = build_config({"policy": {**POLICY, "precision": "bf16", "batch_size": 5, "device": "cpu"}})
     engine = env_model_rewriter(config).engine
     assert engine.model.dtype == torch.bfloat16 and engine.batch_size == 5
 

@@ -210,6 +210,8 @@ def test_make_engine_picks_the_configured_engine(tiny_model_path):
     from rlanything.config import PolicyConfig
     from rlanything.models.engine_factory import make_engine
 
-    engine, tokenizer = make_engine(PolicyConfig(model="builtin:tiny-random", batch_size=3), "policy", tiny_model_path)
+    engine, tokenizer = make_engine(
+        PolicyConfig(model="builtin:tiny-random", batch_size=3), "policy", tiny_model_path, "fp32"
+    )
     assert isinstance(engine, TransformersEngine) and engine.batch_size == 3
     assert engine.eos_ids == sorted({tokenizer.eos_token_id} | set(engine.eos_ids))

@@ -117,6 +117,9 @@ def test_artifacts_are_read_and_written_by_name_with_their_schema(tmp_path):
         "entropy": 2.5,
         "grad_norm": 1.0,
         "lr": 1e-5,
+        "mismatch_abs_mean": None,  # old log-probs not recomputed
+        "mismatch_abs_max": None,
+        "mismatch_outside_cap": None,
     }
     path = write_artifact([row], layout, 3, "rm_update")
     assert path == tmp_path / "iter_0003" / "rm_update.parquet"

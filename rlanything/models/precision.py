@@ -1,0 +1,145 @@
+"""Which arithmetic a model runs in: `precision: auto | fp32 | bf16`, resolved once per run.
+
+Each model section chooses the precision of its generation (`policy.precision`, `rm.precision`,
+`env_model.precision`) and the policy and RM each that of their update (`optim.precision`), on
+their own. `bf16` generation loads the weights in bfloat16; a `bf16` update keeps fp32 master
+weights and AdamW state (checkpoints stay fp32) and runs forward and backward under bf16
+autocast. `auto` picks bf16 where the hardware has bf16 matrix units and fp32 elsewhere:
+
+* CPU: the `amx_bf16` (Intel AMX) or `avx512_bf16` (AVX512-BF16: Intel Cooper Lake and later,
+  AMD Zen 4 and later) flag. Without either, bf16 arithmetic is emulated and far slower
+  (~0.3 GFLOP/s measured on an AVX2 EPYC): fp32. Measured with them (docs/benchmarks.md):
+  `F.linear` at SmolLM2's shapes 2.0-2.7x faster on a Zen 4 core, 3.5-13x on AMX; a whole forward
+  of the 3M-parameter test model 2.7x, so no size threshold.
+* CUDA: bf16 where `torch.cuda.is_bf16_supported()` (Ampere and later), as GPU RL frameworks do.
+
+The CPU's flags come from /proc/cpuinfo, or from the environment variable RLANYTHING_CPU_FLAGS
+(space-separated) when it is set: for a container whose cpuinfo misleads, and for the test
+suite, which sets it empty so that every machine resolves `auto` alike.
+
+A run resolves its choices once, when it starts, and keeps them in `precision.json` in its
+folder (`run_precision`): a resumed run, or one continued on another machine, computes as it
+began. The file says why each was chosen; the run logs it and MLflow has it as params.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PRECISIONS = ("fp32", "bf16")
+TORCH_DTYPE_NAME = {"fp32": "float32", "bf16": "bfloat16"}  # how loading.load_model names them
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+FLAGS_ENV = "RLANYTHING_CPU_FLAGS"
+PRECISION_FILE = "precision.json"
+
+
+@dataclass(frozen=True)
+class Choice:
+    precision: str  # fp32 | bf16
+    reason: str
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags: RLANYTHING_CPU_FLAGS if set, else /proc/cpuinfo's first
+    `flags` line (empty where there is none, e.g. not Linux)."""
+    if FLAGS_ENV in os.environ:
+        return set(os.environ[FLAGS_ENV].split())
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def resolve(setting: str, device_type: str = "cpu", flags: set[str] | None = None) -> Choice:
+    """`auto`, `fp32` or `bf16` on a device type ("cpu" or "cuda") -> the precision and why.
+
+    >>> resolve("auto", "cpu", {"avx2", "avx512_bf16"})
+    Choice(precision='bf16', reason='auto: the CPU has avx512_bf16')
+    >>> resolve("auto", "cpu", {"avx2"}).precision, resolve("fp32", "cpu", {"amx_bf16"}).precision
+    ('fp32', 'fp32')
+    """
+    if setting in PRECISIONS:
+        return Choice(setting, "set in the config")
+    if setting != "auto":
+        raise ValueError(f"precision must be auto, fp32 or bf16, got {setting!r}")
+    if device_type == "cuda":
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return Choice("bf16", "auto: the GPU supports bf16")
+        return Choice("fp32", "auto: the GPU has no bf16 support")
+    units = [flag for flag in BF16_FLAGS if flag in (cpu_flags() if flags is None else flags)]
+    if units:
+        return Choice("bf16", f"auto: the CPU has {'/'.join(units)}")
+    return Choice("fp32", "auto: the CPU has no bf16 units (" + ", ".join(BF16_FLAGS) + ")")
+
+
+def resolve_sections(config) -> dict[str, dict[str, Choice]]:
+    """Every precision a run uses: {"policy": {"generation", "update"}, "rm": {...},
+    "env_model": {"generation"}}, each resolved on its section's device."""
+    from rlanything.models.loading import resolve_device
+
+    out: dict[str, dict[str, Choice]] = {}
+    for name in ("policy", "rm", "env_model"):
+        section = getattr(config, name)
+        device = resolve_device(section.device).type
+        out[name] = {"generation": resolve(section.precision, device)}
+        if name != "env_model":
+            out[name]["update"] = resolve(section.optim.precision, device)
+    return out
+
+
+def run_precision(config, run_dir: Path) -> dict[str, dict[str, Choice]]:
+    """The run's precisions: read from its precision.json, or resolved now and written there
+    (the first call of a run decides for all later ones)."""
+    path = Path(run_dir) / PRECISION_FILE
+    if path.is_file():
+        data = json.loads(path.read_text())
+        return {name: {use: Choice(**c) for use, c in uses.items()} for name, uses in data.items()}
+    choices = resolve_sections(config)
+    data = {name: {use: asdict(c) for use, c in uses.items()} for name, uses in choices.items()}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+    return choices
+
+
+def describe(choices: dict[str, dict[str, Choice]]) -> str:
+    """One line: "policy generation bf16, update bf16; rm ...; env_model ... (reasons)"."""
+    parts = []
+    for name, uses in choices.items():
+        parts.append(f"{name} " + ", ".join(f"{use} {c.precision} ({c.reason})" for use, c in uses.items()))
+    return "; ".join(parts)
+
+
+def as_params(choices: dict[str, dict[str, Choice]]) -> dict[str, str]:
+    """MLflow params: precision.<section>.<use> -> fp32 | bf16."""
+    return {f"precision.{name}.{use}": c.precision for name, uses in choices.items() for use, c in uses.items()}
+
+
+def precision_of(config, name: str, use: str = "generation", run_dir: Path | None = None) -> str:
+    """fp32 or bf16 for `name`'s (policy, rm, env_model) `use` (generation, update): the run's
+    recorded choice where `run_dir` has a precision.json, else resolved now (a base model's
+    evaluation, outside any run)."""
+    if run_dir is not None and (Path(run_dir) / PRECISION_FILE).is_file():
+        return run_precision(config, run_dir)[name][use].precision
+    return resolve_sections(config)[name][use].precision
+
+
+def recompute_old_logprobs(setting: str, generation: str, update: str) -> bool:
+    """Whether the update recomputes the pre-update log-probs itself (`algo.old_logprobs`):
+    `trainer` yes, `sampler` no, `auto` unless generation and update are both fp32.
+
+    >>> [recompute_old_logprobs("auto", g, u) for g, u in (("fp32", "fp32"), ("bf16", "fp32"), ("bf16", "bf16"))]
+    [False, True, True]
+    """
+    if setting == "auto":
+        return not (generation == update == "fp32")
+    return setting == "trainer"

@@ -1,0 +1,143 @@
+"""`precision: auto | fp32 | bf16`: how auto resolves, that a run keeps its choice, the old
+`dtype` key, and what the trainer does with a sampler in another precision."""
+
+import json
+import logging
+
+import pytest
+import torch
+
+from rlanything.config import build_config
+from rlanything.models.engine import TransformersEngine
+from rlanything.models.loading import load_model
+from rlanything.models.precision import (
+    FLAGS_ENV,
+    PRECISION_FILE,
+    cpu_flags,
+    precision_of,
+    recompute_old_logprobs,
+    resolve,
+    run_precision,
+)
+from rlanything.models.trainer import Sample, make_optimizer, ppo_update, with_trainer_logprobs
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [("avx2 avx512f avx512_bf16", "bf16"), ("avx2 amx_tile amx_bf16", "bf16"), ("avx2 avx512f", "fp32"), ("", "fp32")],
+)
+def test_auto_picks_bf16_only_where_the_cpu_has_bf16_units(monkeypatch, flags, expected):
+    monkeypatch.setenv(FLAGS_ENV, flags)
+    assert cpu_flags() == set(flags.split())
+    choice = resolve("auto", "cpu")
+    assert choice.precision == expected and choice.reason.startswith("auto: the CPU has")
+    # an explicit setting is never second-guessed
+    assert resolve("fp32", "cpu").precision == "fp32" and resolve("bf16", "cpu").precision == "bf16"
+
+
+def test_without_the_variable_the_flags_are_this_machines(monkeypatch):
+    monkeypatch.delenv(FLAGS_ENV)
+    with open("/proc/cpuinfo") as info:
+        line = next(line for line in info if line.startswith("flags"))
+    assert cpu_flags() == set(line.split(":", 1)[1].split())
+
+
+def test_a_run_keeps_the_choice_it_started_with(monkeypatch, tmp_path):
+    config = build_config({})  # every precision auto
+    monkeypatch.setenv(FLAGS_ENV, "avx512_bf16")
+    first = run_precision(config, tmp_path)
+    assert {c.precision for uses in first.values() for c in uses.values()} == {"bf16"}
+    saved = json.loads((tmp_path / PRECISION_FILE).read_text())
+    assert saved["policy"]["update"] == {"precision": "bf16", "reason": "auto: the CPU has avx512_bf16"}
+    monkeypatch.setenv(FLAGS_ENV, "avx2")  # resumed on a machine without bf16 units
+    assert run_precision(config, tmp_path) == first
+    assert precision_of(config, "rm", "update", tmp_path) == "bf16"
+    assert precision_of(config, "rm", "update", None) == "fp32"  # outside the run: resolved here
+
+
+def test_the_old_dtype_key_reads_as_both_precisions_with_a_warning(caplog):
+    with caplog.at_level(logging.WARNING):
+        config = build_config({"policy": {"dtype": "bfloat16"}, "rm": {"dtype": "float32"}})
+    assert (config.policy.precision, config.policy.optim.precision) == ("bf16", "bf16")
+    assert (config.rm.precision, config.rm.optim.precision) == ("fp32", "fp32")
+    assert config.env_model.precision == "bf16"  # follows the policy
+    assert "policy.dtype -> policy.precision" in caplog.text and "rm.dtype -> rm.optim.precision" in caplog.text
+
+
+def test_old_logprobs_are_recomputed_unless_both_sides_are_fp32():
+    assert not recompute_old_logprobs("auto", "fp32", "fp32")
+    assert recompute_old_logprobs("auto", "bf16", "fp32") and recompute_old_logprobs("auto", "fp32", "bf16")
+    assert recompute_old_logprobs("trainer", "fp32", "fp32") and not recompute_old_logprobs("sampler", "bf16", "bf16")
+
+
+def _samples(model_path, tokenizer, dtype: str, n: int = 4) -> list[Sample]:
+    """`n` replies sampled by the engine in `dtype`, with the log-probs it recorded."""
+    engine = TransformersEngine(load_model(model_path, dtype), tokenizer, batch_size=8)
+    prompts = [tokenizer.encode(f"question {i}:") for i in range(n)]
+    gens = engine.generate(prompts, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=3)
+    return [
+        Sample(p + g.token_ids, len(g.token_ids), g.logprobs, 1.0 - 0.5 * i)
+        for i, (p, g) in enumerate(zip(prompts, gens))
+    ]
+
+
+def _update(model_path, tokenizer, samples, **kw):
+    model = load_model(model_path, "float32")
+    optimizer = make_optimizer(model, 1e-3, 0.0)
+    args = dict(pad_id=tokenizer.pad_token_id, temperature=1.0, clip_eps=0.2, kl_beta=0.01, grad_clip=1.0)
+    return ppo_update(model, optimizer, samples, updates=2, micro_batch_size=2, seed=0, **args, **kw), model
+
+
+def test_recomputed_old_logprobs_match_an_fp32_sampler_and_differ_from_a_bf16_one(tiny_model_path, tiny_tokenizer):
+    model = load_model(tiny_model_path, "float32")
+    for dtype, low, high in (("float32", 0.0, 1e-5), ("bfloat16", 5e-4, 10.0)):
+        samples = _samples(tiny_model_path, tiny_tokenizer, dtype)
+        redone = with_trainer_logprobs(
+            model, samples, tiny_tokenizer.pad_token_id, 1.0, 2, torch.autocast("cpu", enabled=False)
+        )
+        gaps = [abs(a - b) for s, r in zip(samples, redone) for a, b in zip(s.old_logprobs, r.old_logprobs)]
+        assert low <= max(gaps) <= high, (dtype, max(gaps))
+        assert [r.sampler_logprobs for r in redone] == [s.old_logprobs for s in samples]  # the sampler's kept
+        assert [r.input_ids for r in redone] == [s.input_ids for s in samples]  # same samples, same order
+
+
+def test_a_bf16_sampler_leaves_a_first_step_ratio_off_one_unless_the_trainer_recomputes(
+    tiny_model_path, tiny_tokenizer
+):
+    """At the first optimizer step the weights are the sampler's: against the trainer's own
+    log-probs every ratio is exactly 1 (kl 0, pg_loss = -mean advantage of the step's samples);
+    against a bf16 sampler's they are not. (The tiny random model is near uniform, so its bf16
+    gap is small: ~5e-4 nats a token; SmolLM2's is ~0.05, docs/benchmarks.md.)"""
+    samples = _samples(tiny_model_path, tiny_tokenizer, "bfloat16")
+    plain, _ = _update(tiny_model_path, tiny_tokenizer, samples)
+    redone, _ = _update(tiny_model_path, tiny_tokenizer, samples, recompute_old=True)
+    # mini-batches of 2 from 4 samples with advantages 1, .5, 0, -.5: the first step's mean is
+    # one of the pairs'; exact ratios make pg_loss exactly minus that mean
+    pair_means = {-(a + b) / 2 for a in (1.0, 0.5, 0.0, -0.5) for b in (1.0, 0.5, 0.0, -0.5) if a != b}
+    assert redone[0]["kl"] == 0.0 and redone[0]["pg_loss"] in pair_means
+    assert plain[0]["kl"] > 0.0 and plain[0]["pg_loss"] not in pair_means
+    assert plain[0]["mismatch_abs_mean"] is None
+    assert redone[0]["mismatch_abs_mean"] > 1e-4 and redone[0]["mismatch_abs_max"] >= redone[0]["mismatch_abs_mean"]
+    assert 0.0 <= redone[0]["mismatch_outside_cap"] <= 1.0
+
+
+def test_truncated_importance_sampling_changes_the_update_only_where_it_is_on(tiny_model_path, tiny_tokenizer):
+    samples = _samples(tiny_model_path, tiny_tokenizer, "bfloat16")
+    _, off = _update(tiny_model_path, tiny_tokenizer, samples, recompute_old=True)
+    _, wide = _update(tiny_model_path, tiny_tokenizer, samples, recompute_old=True, tis_cap=1e6)
+    _, tight = _update(tiny_model_path, tiny_tokenizer, samples, recompute_old=True, tis_cap=1.0001)
+    weights = lambda m: torch.cat([p.detach().flatten() for p in m.parameters()])  # noqa: E731
+    assert not torch.equal(weights(off), weights(wide))  # the weights exp(trainer - sampler) act
+    assert not torch.equal(weights(wide), weights(tight))  # and the cap bites
+
+
+def test_a_bf16_update_keeps_fp32_weights_and_trains(tiny_model_path, tiny_tokenizer):
+    samples = _samples(tiny_model_path, tiny_tokenizer, "float32")
+    fp32, a = _update(tiny_model_path, tiny_tokenizer, samples)
+    bf16, b = _update(tiny_model_path, tiny_tokenizer, samples, precision="bf16")
+    assert {p.dtype for p in b.parameters()} == {torch.float32}
+    start = load_model(tiny_model_path, "float32")
+    moved = lambda m: sum(float((p - q).detach().abs().sum()) for p, q in zip(m.parameters(), start.parameters()))  # noqa: E731
+    assert moved(b) > 0.5 * moved(a) > 0  # both moved the weights, by a like amount
+    # the forward really ran in bf16: against the fp32 sampler's log-probs its first ratio is off 1
+    assert fp32[0]["kl"] == 0.0 and bf16[0]["kl"] > 0.0
