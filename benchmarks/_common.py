@@ -1,4 +1,5 @@
-"""Shared by the benchmarks: the FLOP ceiling of this machine, timed in the same process.
+"""Shared by the benchmarks: the FLOP ceiling of this machine, timed in the same process, and
+what the CPU is (`cpu_line`).
 
 Machines running the benchmarks are shared and noisy, so every benchmark times its baseline,
 its subject and the ceiling in one process, one after another, and prints RATIOS: compare
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -34,6 +36,19 @@ def matmul_ceiling(dtype: torch.dtype = torch.float32, n: int = 2048, repeats: i
         (a @ b).sum().item()
 
     return 2 * n**3 / timed(run, repeats)
+
+
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def cpu_line() -> str:
+    """The CPU's model name and which of CPU_FLAGS (the units fp32 and bf16 matmuls can use) it
+    reports, from /proc/cpuinfo."""
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
+    flags = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
+    return f"cpu {name}: " + ", ".join(f"{flag} {'yes' if flag in flags else 'no'}" for flag in CPU_FLAGS)
 
 
 def params_of(model) -> int:

@@ -17,6 +17,10 @@ tokens and temperature as `plain` (top-p 1, no top-k), each timed like it (setup
              That venv: `python -m venv V && V/bin/pip install torch==2.13.0 openvino==2026.4.1
              openvino-tokenizers==2026.4.1.0 optimum-intel && V/bin/pip uninstall -y torchvision`
              (the torchvision it pulls breaks `import transformers` with this torch).
+             `OpenVino(..., precision="default")` (decode_step.py's `openvino` column, not a
+             rollout row): the same IR compiled with none of those three forced, i.e. at
+             OpenVINO's own CPU defaults (`default_precision()`: bf16 inference on a CPU with
+             bf16 units, a u8 KV cache).
 
 Checked by hand on SmolLM2-135M: `ct2` (float32) decodes greedily the same tokens as HF fp32
 (4 of 4 prompts), `ct2-int8` does not (0 of 4); OpenVINO's log-probs match HF fp32's teacher-forced
@@ -120,16 +124,29 @@ def export_openvino(model_dir: Path, out_dir: Path, ir: str | None) -> Path | No
     return out_dir
 
 
-class OpenVino:
-    """OpenVINO GenAI's ContinuousBatchingPipeline, one pipeline per batch size (its max_num_seqs)."""
+def default_precision() -> dict:
+    """OpenVINO's CPU defaults for the properties OV_PROPERTIES forces: what a pipeline compiled
+    without them runs at (the pipeline itself does not report its compiled properties)."""
+    import openvino as ov
 
-    def __init__(self, ir_dir: Path, tokenizer, eos: list[int], model_config):
+    core = ov.Core()
+    out = {key: core.get_property("CPU", key) for key in OV_PROPERTIES}
+    return {key: v.get_type_name() if hasattr(v, "get_type_name") else v for key, v in out.items()}
+
+
+class OpenVino:
+    """OpenVINO GenAI's ContinuousBatchingPipeline, one pipeline per batch size (its max_num_seqs);
+    precision "f32" (OV_PROPERTIES forced) or "default" (OpenVINO's own, see default_precision)."""
+
+    def __init__(self, ir_dir: Path, tokenizer, eos: list[int], model_config, precision: str = "f32"):
         import openvino as ov
         import openvino_genai as og
 
+        assert precision in ("f32", "default"), precision
         self.ov, self.og, self.ir_dir, self.tokenizer, self.eos = ov, og, ir_dir, tokenizer, eos
-        self.kv_bytes = kv_bytes_per_token(model_config, 4)  # fp32
-        self.properties = {**OV_PROPERTIES, "INFERENCE_NUM_THREADS": torch.get_num_threads()}
+        self.kv_bytes = kv_bytes_per_token(model_config, 4)  # fp32: the cache is sized for the widest
+        forced = OV_PROPERTIES if precision == "f32" else {}
+        self.properties = {**forced, "INFERENCE_NUM_THREADS": torch.get_num_threads()}
         self.batch, self.pipe = None, None  # one pipeline (and its KV cache) at a time
 
     def pipeline(self, batch: int, width: int):
@@ -156,15 +173,23 @@ class OpenVino:
             self.pipeline(batch, max(map(len, prompts)) + new_tokens), prompts, new_tokens, temperature, seed
         )
 
-    def run(self, pipe, prompts: list[list[int]], new_tokens: int, temperature: float, seed: int) -> list:
-        """Every prompt queued at once, then steps until all have finished."""
+    def add(self, pipe, prompts: list[list[int]], new_tokens: int, temperature: float, seed: int, stop=True) -> list:
+        """Every prompt queued at once (stop=False: no EOS ends one); their handles."""
         handles = []
         for i, ids in enumerate(prompts):
             config = self.og.GenerationConfig()
             config.do_sample, config.temperature, config.top_p, config.top_k = True, temperature, 1.0, 0
             config.max_new_tokens, config.rng_seed, config.logprobs = new_tokens, seed * 100_000 + i, 1
-            config.stop_token_ids = set(self.eos)
+            if stop:
+                config.stop_token_ids = set(self.eos)
+            else:
+                config.ignore_eos = True
             handles.append(pipe.add_request(i, self.ov.Tensor(np.array([ids], dtype=np.int64)), config))
+        return handles
+
+    def run(self, pipe, prompts: list[list[int]], new_tokens: int, temperature: float, seed: int) -> list:
+        """Every prompt queued at once, then steps until all have finished."""
+        handles = self.add(pipe, prompts, new_tokens, temperature, seed)
         while pipe.has_non_finished_requests():
             pipe.step()
         gens = []

@@ -1,7 +1,7 @@
 """The decoding-step benchmark runs as shipped (a shrunk shape, so it takes seconds): it loads the
-shipped model, times both cache layouts and prints numbers that parse. Its timings are not
-checked here (speed is measured by running it, see docs/benchmarks.md), only that it still runs
-against the engine's current code and prints what the docs quote."""
+shipped model in fp32 and then in bf16, times both cache layouts in each and prints numbers that
+parse. Its timings are not checked here (speed is measured by running it, see docs/benchmarks.md),
+only that it still runs against the engine's current code and prints what the docs quote."""
 
 from __future__ import annotations
 
@@ -13,21 +13,36 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_decode_step_benchmark_prints_both_layouts_against_the_limit():
+def test_decode_step_benchmark_prints_both_layouts_in_both_precisions_against_the_limit():
     command = [sys.executable, "benchmarks/decode_step.py", "--rows", "4", "--steps", "2"]
-    command += ["--shapes", "9:6,12:8", "--no-ct2"]
+    command += ["--shapes", "9:6,12:8", "--precision", "fp32,bf16", "--no-ct2", "--openvino", "none"]
     out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    limit = re.search(r"limit ([\d.]+) ms", out.stdout)
-    assert limit and float(limit.group(1)) > 0, out.stdout
-    assert re.search(
-        r"Linear layers alone at 4 rows: [\d.]+ ms \(\d+%\); reading the weights once: [\d.]+ ms",
-        out.stdout,
+    assert re.search(r"^   cpu .+: avx2 (yes|no), avx512f (yes|no), avx512_bf16 (yes|no), amx_bf16", out.stdout, re.M)
+    for name in ("fp32", "bf16"):
+        limit = re.search(rf"{name} ceiling \d+ GFLOP/s .* limit ([\d.]+) ms", out.stdout)
+        assert limit and float(limit.group(1)) > 0, out.stdout
+        assert re.search(
+            rf"{name}: the Linear layers alone at 4 rows: [\d.]+ ms \(\d+%\); reading the weights once: [\d.]+ ms",
+            out.stdout,
+        )
+    lines = re.findall(
+        r"shared +(\d+) own +(\d+) \| (fp32|bf16) \| in rows +([\d.]+) ms .* held once +([\d.]+) ms", out.stdout
     )
-    lines = re.findall(r"shared +(\d+) own +(\d+) \| in rows +([\d.]+) ms .* held once +([\d.]+) ms", out.stdout)
-    assert [(s, o) for s, o, _, _ in lines] == [("9", "6"), ("12", "8")], out.stdout
-    assert all(float(rows) > 0 and float(once) > 0 for _, _, rows, once in lines)
-    assert "ct2" not in out.stdout.split("limit")[1]  # --no-ct2: no CTranslate2 column
+    expected = [(s, o, p) for s, o in (("9", "6"), ("12", "8")) for p in ("fp32", "bf16")]
+    assert [line[:3] for line in lines] == expected, out.stdout
+    assert all(float(rows) > 0 and float(once) > 0 for *_, rows, once in lines)
+    speedups = re.findall(r"bf16 speed-up \(fp32 ms / bf16 ms\) \| in rows ([\d.]+) \| held once ([\d.]+)", out.stdout)
+    assert len(speedups) == 2 and all(float(x) > 0 for pair in speedups for x in pair), out.stdout
+    mismatch = re.search(
+        r"\|log p fp32 - log p bf16\| .*\((\d+) tokens, T = 1\): mean ([\d.]+), p99 ([\d.]+), max ([\d.]+)", out.stdout
+    )
+    # predicted tokens: the prefix's 8 once, then each row's 9 + 6 - 3 - 1 - 9 of its own
+    assert mismatch and int(mismatch.group(1)) == 8 + 4 * 2, out.stdout
+    mean, p99, top = map(float, mismatch.groups()[1:])
+    assert 0 < mean <= top and p99 <= top < 5, out.stdout  # bf16 rounds the logits: differs, but not wildly
+    table = out.stdout.split("limit")[-1]
+    assert "ct2" not in table and "openvino" not in table  # --no-ct2 --openvino none: neither column
 
 
 def test_textgame_base_benchmark_plays_held_out_games_and_prints_the_win_rate(tmp_path):
