@@ -1,7 +1,7 @@
 """Held-out accuracy of finished runs against training wall time: the learning figure of the docs.
 
     python benchmarks/learning_curve.py runs/learn-s0 runs/learn-s1 [--minutes 30] [--out curve.png]
-        [--csv curve.csv]
+        [--csv curve.csv] [--reference earlier.csv]
 
 Reads each run's held-out evaluations (`<run>/eval/*/summary.json`, written by `eval.every` or
 `rlanything eval RUN@N`; `eval/base` is the starting model) and prints, per run and split, the
@@ -10,7 +10,9 @@ wall time (the sum of the steps' own times up to that iteration: evaluations and
 excluded) is within `--minutes`, and draws them all into one PNG (one colour per run, one panel
 per split). Nothing is smoothed or averaged: the points are the measurements. `--csv` also
 writes those points (run, split, iteration (-1: base), training minutes, strict accuracy and its
-interval, n) as CSV: the figure's data, small enough to commit beside it.
+interval, n) as CSV: the figure's data, small enough to commit beside it. `--reference` draws
+the points of such a CSV from earlier runs beside them, dashed (e.g. the fp32 curve behind a
+bf16 one), and prints them too.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0, help="training wall time shown")
     parser.add_argument("--out", type=Path, default=Path("learning_curve.png"))
     parser.add_argument("--csv", type=Path, default=None, help="also write the points as CSV")
+    parser.add_argument("--reference", type=Path, default=None, help="a CSV of earlier runs' points, drawn dashed")
     args = parser.parse_args()
     histories = {run.name: eval_history(run) for run in args.runs}
     splits = sorted({s for h in histories.values() for s in h.split})
@@ -50,6 +53,19 @@ def main() -> None:
                 label = "base" if r.iteration < 0 else r.iteration
                 print(
                     f"| {name} | {split} | {label} | {r.wall_time_s / 60:.1f} | {r.strict_accuracy:.1%} "
+                    f"[{r.strict_ci_low:.1%}, {r.strict_ci_high:.1%}] | {r.n} |"
+                )
+    if args.reference:
+        earlier = pd.read_csv(args.reference)
+        for (name, split), rows in earlier[earlier.training_min <= args.minutes].groupby(["run", "split"]):
+            if split not in splits:
+                continue
+            ax = axes[splits.index(split)]
+            ax.plot(rows.training_min, rows.strict_accuracy, marker=".", linestyle="--", label=f"{name} (earlier)")
+            for r in rows.itertuples():
+                label = "base" if r.iteration < 0 else r.iteration
+                print(
+                    f"| {name} (earlier) | {split} | {label} | {r.training_min:.1f} | {r.strict_accuracy:.1%} "
                     f"[{r.strict_ci_low:.1%}, {r.strict_ci_high:.1%}] | {r.n} |"
                 )
     for ax, split in zip(axes, splits):
