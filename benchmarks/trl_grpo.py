@@ -254,7 +254,8 @@ def run_flow(args, tmp: Path) -> list[dict]:
         "policy.optim.updates_per_iteration=1",
         f"policy.optim.micro_batch_size={n}",
         f"policy.batch_size={n}",
-        f"policy.dtype={'bfloat16' if args.bf16 else 'float32'}",
+        f"policy.precision={'bf16' if args.bf16 else 'fp32'}",
+        f"policy.optim.precision={'bf16' if args.bf16 else 'fp32'}",
     ]
     env = {
         **os.environ,
@@ -311,7 +312,11 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--iterations", type=int, default=3, help="per side; the first is a warm-up")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--bf16", action="store_true", help="bf16 weights on both sides")
+    parser.add_argument(
+        "--bf16",
+        action="store_true",
+        help="bf16 on both sides (ours: bf16 generation, bf16 autocast over fp32 weights in the update)",
+    )
     parser.add_argument("--train-all", action="store_true", help="ours trains every sample, as TRL does")
     parser.add_argument("--flow", action="store_true", help="also time `rlanything train` (lam=0)")
     parser.add_argument(

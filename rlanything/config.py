@@ -419,6 +419,8 @@ class AlgoConfig(_Section):
 
     @model_validator(mode="after")
     def _ordered(self) -> AlgoConfig:
+        if self.tis_cap is not None and self.old_logprobs == "sampler":
+            raise ValueError("tis_cap weighs by the trainer/sampler ratio: it needs old_logprobs trainer or auto")
         for name in ("band", "policy_band"):
             low, high = getattr(self, name)
             if not 0.0 <= low <= high <= 1.0:

@@ -32,7 +32,6 @@ from rlanything.algo.rm_accuracy import outcome_prediction, process_accuracy, pr
 from rlanything.envs.verification import label_episode
 from rlanything.models.engine_factory import make_engine
 from rlanything.models.judge import judge_as_configured
-from rlanything.models.precision import precision_of
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
 from rlanything.storage.parquet import write_table
@@ -45,19 +44,16 @@ def judge_seed(run_seed: int, iteration: int | None, split: str) -> int:
 
 
 def judge_split(
-    config, weights: Path, label: str, contexts: list[dict], split: str, iteration, out: Path, run_dir=None
+    config, weights: Path, label: str, contexts: list[dict], split: str, iteration, out: Path, precision: str
 ) -> Path:
     """The RM in `weights` (named `label`) judges `contexts` (`tasks.scoring.steps_to_judge` rows
     of one split's valid episodes, traj_id = problem_idx) m times each, with the settings of
-    `config.rm` and the generation precision of the run in `run_dir` (None: resolved now) -> `out`
-    (EVAL_JUDGMENTS)."""
+    `config.rm`, in `precision` -> `out` (EVAL_JUDGMENTS)."""
     m = config.rm.judgments_per_step
     judged = []
     if contexts:  # no valid episode: no RM to load
         with progress(f"eval {split}: RM judgments", len(contexts) * m) as advance:
-            engine, tokenizer = make_engine(
-                config.rm, "rm", weights, precision_of(config, "rm", run_dir=run_dir), advance
-            )
+            engine, tokenizer = make_engine(config.rm, "rm", weights, precision, advance)
             judged = judge_as_configured(
                 engine, tokenizer, contexts, config, judge_seed(config.run.seed, iteration, split)
             )

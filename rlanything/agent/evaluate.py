@@ -213,13 +213,14 @@ def source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def play_key(config, split: str, specs: list[dict], weights_digest: str | None, precision: str = "fp32") -> str | None:
+def play_key(config, split: str, specs: list[dict], weights_digest: str | None, precision: str) -> str | None:
     """What decides a split's greedy episodes, hashed (module docstring), with the policy's
     resolved generation `precision`; None without a weights digest (weights that are no
     folder): such episodes are never reused."""
     if weights_digest is None:
         return None
-    policy = config.policy.model_dump(mode="json", exclude={"model", "optim"})  # the weights say it
+    # the weights say the model; `precision` is hashed resolved (auto and bf16 alike where they agree)
+    policy = config.policy.model_dump(mode="json", exclude={"model", "optim", "precision"})
     blob = {
         "weights": weights_digest,
         "split": split,
@@ -233,13 +234,13 @@ def play_key(config, split: str, specs: list[dict], weights_digest: str | None, 
     return _digest(blob)
 
 
-def rm_key(config, weights_digest: str | None, episodes_key: str | None, precision: str = "fp32") -> str | None:
+def rm_key(config, weights_digest: str | None, episodes_key: str | None, precision: str) -> str | None:
     """What decides the RM's judgments of a split's episodes (`play_key` `episodes_key`),
     hashed: the RM's weights, its settings (rm.*, but the seed; module docstring) and its
     resolved generation `precision`."""
     if weights_digest is None or episodes_key is None:
         return None
-    rm = config.rm.model_dump(mode="json", exclude={"model", "optim"})
+    rm = config.rm.model_dump(mode="json", exclude={"model", "optim", "precision"})
     return _digest({"weights": weights_digest, "rm": rm, "episodes": episodes_key, "precision": precision})
 
 

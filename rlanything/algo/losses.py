@@ -118,7 +118,7 @@ def ppo_clip_loss(
     if is_weights is not None:
         pg = pg * is_weights.to(pg.dtype)
 
-    ref_diff = torch.where(mask, old_logprobs - logprobs, zero)  # (B, T): the reference is the sampler
+    ref_diff = torch.where(mask, old_logprobs - logprobs, zero)  # (B, T): the reference is the pre-update model
     ref_diff = torch.clamp(ref_diff, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # exp(+big) would be inf
     kl = torch.exp(ref_diff) - ref_diff - 1.0
 

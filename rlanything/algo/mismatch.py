@@ -8,7 +8,7 @@ PPO's ratio is then taken against the trainer's own log-probs of the pre-update 
 not the trainer's. Truncated importance sampling (TIS, as verl and slime offer it) weighs each
 token's policy-gradient term by that ratio, capped:
 
-    w_t = min(exp(trainer_t - sampler_t), C)        (detached; 1 at masked positions)
+    w_t = min(exp(trainer_t - sampler_t), C)        (detached; 1 outside the response: padding)
 
 Departures: the paper samples and trains in one precision and has neither. The log-ratio is
 clamped before `exp` as in `losses.ppo_clip_loss`. The weight multiplies the PPO-clip term
@@ -70,4 +70,21 @@ def mismatch_measures(trainer_logprobs, sampler_logprobs, cap: float = REPORT_CA
         "abs_max": float(np.abs(gap).max()),
         "outside_cap": float(outside.mean()),
         "tokens": int(len(gap)),
+    }
+
+
+def combine_steps(abs_mean, abs_max, outside_cap, tokens) -> dict[str, float]:
+    """An iteration's gap from its optimizer steps' (one pass: every sample once): the
+    token-weighted mean gap and share outside the cap, the largest gap. Each argument is one
+    value per step; `tokens` the step's response tokens.
+
+    >>> combine_steps([0.02, 0.04], [0.3, 0.5], [0.0, 0.1], [300, 100])  # (6 + 4) / 400, 10 / 400
+    {'abs_mean': 0.025, 'abs_max': 0.5, 'outside_cap': 0.025}
+    """
+    tokens = np.asarray(tokens, dtype=np.float64)
+    share = tokens / tokens.sum()
+    return {
+        "abs_mean": float(np.dot(np.asarray(abs_mean, dtype=np.float64), share)),
+        "abs_max": float(np.max(abs_max)),
+        "outside_cap": float(np.dot(np.asarray(outside_cap, dtype=np.float64), share)),
     }

@@ -22,7 +22,6 @@ import pandas as pd
 from rlanything.algo.curriculum import adaptation_direction, judge_rewrite, task_accuracy
 from rlanything.models.engine_factory import make_engine
 from rlanything.models.loading import resolve_model_path
-from rlanything.models.precision import precision_of
 from rlanything.models.rewriters import ModelRewriter, RuleRewriter, extractive_summary, failed_steps
 from rlanything.seeding import derive_seed
 from rlanything.storage.buffer import add_pending, settle_pending
@@ -76,6 +75,7 @@ def adapt(
     judgments: pd.DataFrame,
     steps: pd.DataFrame,
     episodes: pd.DataFrame,
+    env_precision: str = "fp32",
 ) -> tuple[list[dict], pd.DataFrame]:
     """One iteration's task adaptation from the buffer it started with (`before`) and its
     outcomes, judgments, rollouts and episodes -> (adaptation rows, the next buffer)."""
@@ -123,7 +123,8 @@ def adapt(
             requests.append(row)
         rows.append(row)
     if requests:
-        buffer = rewrite(config, env_cls, iteration, buffer, requests, outcomes, judgments, steps, episodes)
+        frames = (outcomes, judgments, steps, episodes)
+        buffer = rewrite(config, env_cls, iteration, buffer, requests, *frames, env_precision=env_precision)
     return rows, buffer
 
 
@@ -132,22 +133,23 @@ def _ids(buffer: pd.DataFrame, task_id: str) -> dict:
     return {"task_id": task_id, "slot": int(row.slot), "version": int(row.version)}
 
 
-def environment_model(config) -> ModelRewriter:
+def environment_model(config, precision: str) -> ModelRewriter:
     """The environment model that writes critic summaries and rewrites: section `env_model` (its
-    own engine, device, precision, batch size; not the policy's), built by `make_engine` like the
-    policy's and the RM's."""
+    own engine, device, batch size; not the policy's) in `precision` (the run's resolved one),
+    built by `make_engine` like the policy's and the RM's."""
     section = config.env_model
-    precision = precision_of(config, "env_model", run_dir=config.run_dir)
     engine, tokenizer = make_engine(section, "env", resolve_model_path(section.model), precision)
     return ModelRewriter(engine, tokenizer, section.max_new_tokens, section.temperature, section.top_p)
 
 
-def rewrite(config, env_cls, iteration, buffer, requests, outcomes, judgments, steps, episodes) -> pd.DataFrame:
+def rewrite(
+    config, env_cls, iteration, buffer, requests, outcomes, judgments, steps, episodes, env_precision: str = "fp32"
+) -> pd.DataFrame:
     """Critic summaries and rewrites for `requests` (adaptation rows, filled in place); each
     valid rewrite is added to the buffer as its slot's pending version -> the new buffer."""
     model_rewriter = None
     if config.adapt.critic == "model" or config.adapt.rewriter == "model":
-        model_rewriter = environment_model(config)
+        model_rewriter = environment_model(config, env_precision)
     for r in requests:
         of = lambda frame, task_id=r["task_id"]: frame[frame.task_id == task_id]  # noqa: E731
         r["spec"] = json.loads(buffer[buffer.task_id == r["task_id"]].spec.iloc[0])

@@ -152,7 +152,10 @@ def run_update(
     backend "torch": plain loop; "accelerate": `Accelerator()` as configured by the
     environment (`accelerate launch` sets it; in a plain process: one process, CPU or GPU).
     """
-    model, tokenizer = load_for_training(Path(job.start), "float32", _lora(job), seed=job.seed)  # fp32 masters
+    # fp32 master weights; with LoRA only the adapters train (peft keeps them fp32), so a frozen
+    # base loads in the update's precision
+    base = "bfloat16" if _lora(job).enabled and job.precision == "bf16" else "float32"
+    model, tokenizer = load_for_training(Path(job.start), base, _lora(job), seed=job.seed)
     if backend == "torch":
         model.to(resolve_device(job.device))  # before the optimizer: its resumed moments land there too
     optimizer = make_optimizer(model, job.lr, job.weight_decay, _optimizer_state(job))
@@ -190,6 +193,16 @@ def _accelerate_update(job, model, tokenizer, optimizer, samples, kwargs) -> lis
     os.environ["ACCELERATE_GRADIENT_CLIPPING"] = str(job.grad_clip)  # DeepSpeed clips in its step
     accelerator = Accelerator()  # configured by `accelerate launch` (env), else one process
     deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
+    # accelerate (and DeepSpeed) run the arithmetic its config names: it must be the one the run
+    # resolved and recorded, or the run would log one precision and train in another
+    mixed = {"no": "fp32", "bf16": "bf16"}.get(str(accelerator.mixed_precision), str(accelerator.mixed_precision))
+    if mixed != job.precision:
+        raise ValueError(
+            f"the update's precision is {job.precision} (optim.precision, precision.json) but the accelerate "
+            f"config runs mixed_precision {accelerator.mixed_precision!r}: set optim.precision to match it, "
+            "or mixed_precision in the accelerate config"
+        )
+    kwargs = {**kwargs, "precision": "fp32"}  # accelerate autocasts the prepared model itself
     rank, world = _rank_world()
     print(
         f"rlanything update {job.extra}: {accelerator.distributed_type} on {accelerator.device}, "

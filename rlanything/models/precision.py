@@ -4,14 +4,16 @@ Each model section chooses the precision of its generation (`policy.precision`, 
 `env_model.precision`) and the policy and RM each that of their update (`optim.precision`), on
 their own. `bf16` generation loads the weights in bfloat16; a `bf16` update keeps fp32 master
 weights and AdamW state (checkpoints stay fp32) and runs forward and backward under bf16
-autocast. `auto` picks bf16 where the hardware has bf16 matrix units and fp32 elsewhere:
+autocast. `auto` picks bf16 where the hardware has bf16 matrix units and they pay, and fp32 elsewhere:
 
 * CPU: the `amx_bf16` (Intel AMX) or `avx512_bf16` (AVX512-BF16: Intel Cooper Lake and later,
-  AMD Zen 4 and later) flag. Without either, bf16 arithmetic is emulated and far slower
-  (~0.3 GFLOP/s measured on an AVX2 EPYC): fp32. Measured with them (docs/benchmarks.md):
-  `F.linear` at SmolLM2's shapes 2.0-2.7x faster on a Zen 4 core, 3.5-13x on AMX; a whole forward
-  of the 3M-parameter test model 2.7x, so no size threshold.
-* CUDA: bf16 where `torch.cuda.is_bf16_supported()` (Ampere and later), as GPU RL frameworks do.
+  AMD Zen 4 and later) flag, **and** a bf16 matmul at a model's shapes timed here at least
+  `MIN_SPEEDUP` times the fp32 one (`bf16_matmul_speedup`, ~0.3 s, once per run). Without the
+  flags bf16 is emulated (~0.3 GFLOP/s on an AVX2 EPYC); with them it has run 2.0-2.7x the fp32
+  rate on a Zen 4 core and 3.5-13x on AMX, but at half of it on a virtual Xeon whose AMX the
+  hypervisor hid (docs/benchmarks.md): hence the timing, not the flag alone.
+* CUDA: bf16 on compute capability 8.0 and later (Ampere: native bf16; older GPUs emulate it
+  and vLLM refuses it), as GPU RL frameworks do.
 
 The CPU's flags come from /proc/cpuinfo, or from the environment variable RLANYTHING_CPU_FLAGS
 (space-separated) when it is set: for a container whose cpuinfo misleads, and for the test
@@ -32,12 +34,15 @@ from pathlib import Path
 PRECISIONS = ("fp32", "bf16")
 TORCH_DTYPE_NAME = {"fp32": "float32", "bf16": "bfloat16"}  # how loading.load_model names them
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+MIN_SPEEDUP = 1.2  # a bf16 matmul must run this many times the fp32 rate for `auto` to pick bf16
 FLAGS_ENV = "RLANYTHING_CPU_FLAGS"
 PRECISION_FILE = "precision.json"
 
 
 @dataclass(frozen=True)
 class Choice:
+    """One resolved precision and why it was chosen (kept in a run's precision.json)."""
+
     precision: str  # fp32 | bf16
     reason: str
 
@@ -57,28 +62,55 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def resolve(setting: str, device_type: str = "cpu", flags: set[str] | None = None) -> Choice:
-    """`auto`, `fp32` or `bf16` on a device type ("cpu" or "cuda") -> the precision and why.
+def bf16_matmul_speedup(rows: int = 256, k: int = 576, n: int = 1536, repeats: int = 5) -> float:
+    """fp32 time / bf16 time of a (rows, k) @ (k, n) matmul here (SmolLM2's MLP shape at a
+    rollout's batch), the best of `repeats` each."""
+    import time
 
-    >>> resolve("auto", "cpu", {"avx2", "avx512_bf16"})
-    Choice(precision='bf16', reason='auto: the CPU has avx512_bf16')
-    >>> resolve("auto", "cpu", {"avx2"}).precision, resolve("fp32", "cpu", {"amx_bf16"}).precision
+    import torch
+
+    def best(dtype) -> float:
+        a, b = torch.randn(rows, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        times = []
+        for _ in range(repeats + 1):  # the first warms up
+            start = time.perf_counter()
+            for _ in range(4):
+                a @ b
+            times.append(time.perf_counter() - start)
+        return min(times[1:])
+
+    return best(torch.float32) / best(torch.bfloat16)
+
+
+def resolve(setting: str, device: str = "cpu", flags: set[str] | None = None, speedup=None) -> Choice:
+    """`auto`, `fp32` or `bf16` on a device ("cpu", "cuda", "cuda:N") -> the precision and why.
+    `flags`: the CPU's (default `cpu_flags()`); `speedup`: bf16's matmul speed over fp32's here
+    (default: timed, `bf16_matmul_speedup`, only where the flags name a bf16 unit).
+
+    >>> resolve("auto", "cpu", {"avx2", "avx512_bf16"}, speedup=2.1)
+    Choice(precision='bf16', reason='auto: the CPU has avx512_bf16 and a bf16 matmul ran 2.1x the fp32 rate here')
+    >>> resolve("auto", "cpu", {"avx512_bf16"}, speedup=0.5).precision, resolve("auto", "cpu", {"avx2"}).precision
     ('fp32', 'fp32')
     """
     if setting in PRECISIONS:
         return Choice(setting, "set in the config")
     if setting != "auto":
         raise ValueError(f"precision must be auto, fp32 or bf16, got {setting!r}")
-    if device_type == "cuda":
+    if device.startswith("cuda"):
         import torch
 
-        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-            return Choice("bf16", "auto: the GPU supports bf16")
-        return Choice("fp32", "auto: the GPU has no bf16 support")
-    units = [flag for flag in BF16_FLAGS if flag in (cpu_flags() if flags is None else flags)]
-    if units:
-        return Choice("bf16", f"auto: the CPU has {'/'.join(units)}")
-    return Choice("fp32", "auto: the CPU has no bf16 units (" + ", ".join(BF16_FLAGS) + ")")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if torch.cuda.is_available() and torch.cuda.get_device_capability(index) >= (8, 0):
+            return Choice("bf16", "auto: the GPU has native bf16 (compute capability 8.0 or later)")
+        return Choice("fp32", "auto: the GPU has no native bf16 (compute capability below 8.0)")
+    units = "/".join(flag for flag in BF16_FLAGS if flag in (cpu_flags() if flags is None else flags))
+    if not units:
+        return Choice("fp32", "auto: the CPU has no bf16 units (" + ", ".join(BF16_FLAGS) + ")")
+    ratio = bf16_matmul_speedup() if speedup is None else speedup
+    timed = f"a bf16 matmul ran {ratio:.1f}x the fp32 rate here"
+    if ratio >= MIN_SPEEDUP:
+        return Choice("bf16", f"auto: the CPU has {units} and {timed}")
+    return Choice("fp32", f"auto: the CPU has {units} but {timed} (below {MIN_SPEEDUP}x)")
 
 
 def resolve_sections(config) -> dict[str, dict[str, Choice]]:
@@ -86,13 +118,24 @@ def resolve_sections(config) -> dict[str, dict[str, Choice]]:
     "env_model": {"generation"}}, each resolved on its section's device."""
     from rlanything.models.loading import resolve_device
 
+    timed: list[float] = []  # bf16's matmul speed-up, timed once for all sections if needed
+
+    def speedup() -> float:
+        if not timed:
+            timed.append(bf16_matmul_speedup())
+        return timed[0]
+
+    def one(setting: str, device: str) -> Choice:
+        needs_timing = setting == "auto" and device == "cpu" and any(f in cpu_flags() for f in BF16_FLAGS)
+        return resolve(setting, device, speedup=speedup() if needs_timing else None)
+
     out: dict[str, dict[str, Choice]] = {}
     for name in ("policy", "rm", "env_model"):
         section = getattr(config, name)
-        device = resolve_device(section.device).type
-        out[name] = {"generation": resolve(section.precision, device)}
+        device = str(resolve_device(section.device))
+        out[name] = {"generation": one(section.precision, device)}
         if name != "env_model":
-            out[name]["update"] = resolve(section.optim.precision, device)
+            out[name]["update"] = one(section.optim.precision, device)
     return out
 
 
@@ -126,9 +169,9 @@ def as_params(choices: dict[str, dict[str, Choice]]) -> dict[str, str]:
 
 def precision_of(config, name: str, use: str = "generation", run_dir: Path | None = None) -> str:
     """fp32 or bf16 for `name`'s (policy, rm, env_model) `use` (generation, update): the run's
-    recorded choice where `run_dir` has a precision.json, else resolved now (a base model's
-    evaluation, outside any run)."""
-    if run_dir is not None and (Path(run_dir) / PRECISION_FILE).is_file():
+    (`run_precision`: recorded in `run_dir`, or resolved and recorded now) where a run folder
+    is given, else resolved now (a base model's evaluation, outside any run)."""
+    if run_dir is not None and Path(run_dir).is_dir():
         return run_precision(config, run_dir)[name][use].precision
     return resolve_sections(config)[name][use].precision
 

@@ -11,6 +11,7 @@ import pandas as pd
 from rlanything.envs import env_class
 from rlanything.metric_names import ADAPT_ACCEPTED_TOTAL, ADAPT_DECISIONS, adapt_metric
 from rlanything.models.adapt_tasks import adapt
+from rlanything.models.precision import precision_of
 from rlanything.storage.artifacts import read_artifact, write_artifact
 from rlanything.storage.buffer import read_buffer, write_buffer
 from rlanything.storage.schemas import ADAPTATION
@@ -35,6 +36,7 @@ def adapt_tasks(run_dir: str, iteration: int):
         frames["judgments"],
         frames["rollouts"],
         frames["episodes"],
+        env_precision=precision_of(config, "env_model", run_dir=layout.run_dir),
     )
     paths = [
         write_artifact(pd.DataFrame(rows, columns=ADAPTATION.names), layout, iteration, "adaptation"),

@@ -41,13 +41,9 @@ def trained_specs(run_dir: str | None) -> list[dict]:
     return list(specs.values())
 
 
-def _play(
-    config, weights: str, specs: list[dict], split: str, run_dir: str | None
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The policy in `weights` plays `specs` greedily, in the run's generation precision (or, outside
-    a run, the config's resolved now) -> (episodes, EVAL_STEPS steps); its engine is gone when
-    this returns (before the RM loads)."""
-    precision = precision_of(config, "policy", "generation", run_dir)
+def _play(config, weights: str, specs: list[dict], split: str, precision: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The policy in `weights` plays `specs` greedily in `precision` -> (episodes, EVAL_STEPS
+    steps); its engine is gone when this returns (before the RM loads)."""
     engine, tokenizer = make_engine(config.policy, "policy", Path(weights), precision)
     max_new_tokens = config.eval.max_new_tokens or config.policy.max_new_tokens
     rows, steps = play_greedy_steps(engine, tokenizer, config.env, specs, split, max_new_tokens=max_new_tokens)
@@ -81,13 +77,16 @@ def evaluate_split(
     inject_fault("eval", BASE_ITERATION if iteration is None else iteration, "start")
     config = load_config(config_path, overrides)
     specs, dropped = heldout_problems(config.env, split, config.eval.problems, config.run.seed, trained_specs(run_dir))
+    # the run's generation precisions (its precision.json), or resolved here for a bare model
     precision = {name: precision_of(config, name, run_dir=run_dir) for name in ("policy", "rm")}
     keys = {"play_key": play_key(config, split, specs, (digests or {}).get("policy"), precision["policy"])}
     if rm_weights is not None:
         keys["rm_key"] = rm_key(config, (digests or {}).get("rm"), keys["play_key"], precision["rm"])
     source = earlier_split([Path(f) for f in earlier or []], split, specs, keys)
     episodes, steps = (
-        _play(config, weights, specs, split, run_dir) if source is None else (source.episodes(), source.steps())
+        _play(config, weights, specs, split, precision["policy"])
+        if source is None
+        else (source.episodes(), source.steps())
     )
     path = write_table(episodes.assign(weights=label, iteration=iteration), EVAL_EPISODES, Path(out))
     steps_path = write_table(steps, EVAL_STEPS, path.with_name(f"{split}.steps.parquet"))
@@ -106,7 +105,7 @@ def evaluate_split(
             contexts = steps_to_judge(
                 steps.rename(columns={"problem_idx": "traj_id"}), frame, frame, config.rm.history_steps
             )
-            judge_split(config, Path(rm_weights), rm_label, contexts, split, iteration, judged, run_dir)
+            judge_split(config, Path(rm_weights), rm_label, contexts, split, iteration, judged, precision["rm"])
         else:
             write_table(earlier_judgments.assign(weights=rm_label, iteration=iteration), EVAL_JUDGMENTS, judged)
         result["judgments"] = str(judged)

@@ -7,8 +7,11 @@ one to load.
 
 from __future__ import annotations
 
+import logging
+
 import pandas as pd
 
+from rlanything.algo.mismatch import combine_steps
 from rlanything.config import PolicyConfig, RewardModelConfig
 from rlanything.metric_names import STEP_MEASURES, update_metric
 from rlanything.models.distributed import UpdateJob, launch_update, run_update
@@ -46,6 +49,12 @@ def _update(run_dir: str, iteration: int, kind: str, samples: list[Sample], sect
     precision = run_precision(config, layout.run_dir)[kind]
     generation, update = precision["generation"].precision, precision["update"].precision
     recompute = recompute_old_logprobs(config.algo.old_logprobs, generation, update)
+    if config.algo.tis_cap is not None and not recompute:
+        logging.getLogger(__name__).warning(
+            "algo.tis_cap is off for the %s update: old_logprobs auto resolved to the sampler's "
+            "(generation and update both fp32); set algo.old_logprobs trainer to use it",
+            kind,
+        )
     job = UpdateJob(
         start=str(model_path(config, layout, kind, iteration).resolve()),
         out=str(layout.checkpoint(kind, iteration).resolve()),
@@ -103,12 +112,8 @@ def _mismatch(kind: str, frame: pd.DataFrame) -> dict[str, float]:
     first = frame[frame.epoch == 0]
     if first.mismatch_abs_mean.isna().all():
         return {}
-    tokens = first.num_tokens / first.num_tokens.sum()
-    return {
-        f"mismatch/{kind}_abs_mean": float((first.mismatch_abs_mean * tokens).sum()),
-        f"mismatch/{kind}_abs_max": float(first.mismatch_abs_max.max()),
-        f"mismatch/{kind}_outside_cap": float((first.mismatch_outside_cap * tokens).sum()),
-    }
+    gap = combine_steps(first.mismatch_abs_mean, first.mismatch_abs_max, first.mismatch_outside_cap, first.num_tokens)
+    return {f"mismatch/{kind}_{key}": value for key, value in gap.items()}
 
 
 @step_task("policy_update")

@@ -170,7 +170,9 @@ def test_held_out_steps_are_judged_as_the_rm_score_step_judges_them(tiny_tokeniz
     from rlanything.models.loading import resolve_model_path
 
     rm = resolve_model_path(config.rm_model)
-    parts = [judge_split(config, rm, "the rm", contexts, "in_domain", 3, tmp_path / f"{n}.parquet") for n in "ab"]
+    parts = [
+        judge_split(config, rm, "the rm", contexts, "in_domain", 3, tmp_path / f"{n}.parquet", "fp32") for n in "ab"
+    ]
     first, again = (read_table(p, EVAL_JUDGMENTS) for p in parts)
     assert len(first) == 2 * config.rm.judgments_per_step  # two valid one-step episodes, m = 3 each
     assert first.problem_idx.tolist() == [0, 0, 0, 1, 1, 1] and first.judge_idx.tolist() == [0, 1, 2] * 2

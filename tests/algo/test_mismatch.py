@@ -26,14 +26,17 @@ def test_tis_weights_do_not_carry_gradient_to_the_trainer_logprobs():
 
 
 def test_the_loss_weighs_each_tokens_clipped_term_and_leaves_the_kl_alone():
-    # one sequence of 2 tokens, logprobs = old (ratio 1, nothing clipped), advantage 2: pg_t = -2
-    lp = torch.log(torch.tensor([[0.5, 0.25]]))
-    old = lp.clone()
+    # one sequence of 2 tokens, ratios 1.1 (inside the clip) and 1, advantage 2: pg_t = -2.2, -2
+    old = torch.log(torch.tensor([[0.5, 0.25]]))
+    lp = old + torch.log(torch.tensor([[1.1, 1.0]]))
     weights = torch.tensor([[0.5, 2.0]])
-    loss, stats = ppo_clip_loss(lp, old, torch.tensor([2.0]), torch.ones(1, 2), is_weights=weights)
-    # pg = mean(-2 * 0.5, -2 * 2.0) = mean(-1, -4) = -2.5; kl = 0
-    assert stats["pg_loss"] == pytest.approx(-2.5) and stats["kl"] == pytest.approx(0.0)
-    assert float(loss) == pytest.approx(-2.5)
+    loss, stats = ppo_clip_loss(lp, old, torch.tensor([2.0]), torch.ones(1, 2), kl_beta=0.01, is_weights=weights)
+    _, plain = ppo_clip_loss(lp, old, torch.tensor([2.0]), torch.ones(1, 2), kl_beta=0.01)
+    # pg = mean(-2.2 * 0.5, -2 * 2.0) = mean(-1.1, -4) = -2.55
+    assert stats["pg_loss"] == pytest.approx(-2.55) and plain["pg_loss"] == pytest.approx(-2.1)
+    # k3 of the first token: e^(-ln 1.1) + ln 1.1 - 1 = 0.004392, the second 0: the same weighted or not
+    assert stats["kl"] == pytest.approx((1 / 1.1 + math.log(1.1) - 1) / 2) == plain["kl"]
+    assert float(loss) == pytest.approx(-2.55 + 0.01 * stats["kl"])
 
 
 def test_the_gradient_of_a_weighted_token_scales_with_its_weight():

@@ -41,7 +41,7 @@ def run(prefect_server, tmp_path_factory):
         "policy.vllm.gpu_memory_utilization=1.0",
         "policy.vllm.extra_args=[--enforce-eager]",
         "policy.vllm.env={VLLM_CPU_KVCACHE_SPACE: '1'}",
-        "policy.dtype=float32",
+        "policy.precision=fp32",
         "policy.optim.lr=0.01",  # a clearly different checkpoint after iteration 0
     ]
     return train_flow(str(REPO / "configs" / "tiny.yaml"), overrides), model

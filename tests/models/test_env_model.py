@@ -26,7 +26,9 @@ def test_env_model_engine_takes_its_own_section():
             },
         }
     )
-    rewriter = env_model_rewriter(config)  # what adapt_tasks calls (through adapt_tasks.rewrite)
+    rewriter = env_model_rewriter(
+        config, config.env_model.precision
+    )  # what adapt_tasks calls (through adapt_tasks.rewrite)
     engine = rewriter.engine
     assert isinstance(engine, TransformersEngine)
     assert engine.model.dtype == torch.bfloat16 and engine.batch_size == 3
@@ -42,7 +44,7 @@ def test_env_model_engine_takes_its_own_section():
 
 def test_env_model_left_out_follows_the_policy():
     config = build_config({"policy": {**POLICY, "precision": "bf16", "batch_size": 5, "device": "cpu"}})
-    engine = env_model_rewriter(config).engine
+    engine = env_model_rewriter(config, config.env_model.precision).engine
     assert engine.model.dtype == torch.bfloat16 and engine.batch_size == 5
 
 
@@ -58,9 +60,9 @@ def test_devices_that_do_not_exist_are_refused():
 def test_env_model_goes_to_the_configured_gpu():
     last = f"cuda:{torch.cuda.device_count() - 1}"
     config = build_config({"policy": {**POLICY, "device": "cpu"}, "env_model": {"device": last}})
-    engine = env_model_rewriter(config).engine
+    engine = env_model_rewriter(config, config.env_model.precision).engine
     assert next(engine.model.parameters()).device == torch.device(last)
-    texts = env_model_rewriter(config).propose(
+    texts = env_model_rewriter(config, config.env_model.precision).propose(
         [{"task": "1 + 1", "instructions": "Harder.", "direction": "harder", "critic_summary": "none"}], 1, seed=0
     )
     assert len(texts[0]) == 1

@@ -7,12 +7,14 @@ import logging
 import pytest
 import torch
 
-from rlanything.config import build_config
+from rlanything.config import ConfigError, LoraConfig, build_config
+from rlanything.models.distributed import UpdateJob, run_update
 from rlanything.models.engine import TransformersEngine
 from rlanything.models.loading import load_model
 from rlanything.models.precision import (
     FLAGS_ENV,
     PRECISION_FILE,
+    bf16_matmul_speedup,
     cpu_flags,
     precision_of,
     recompute_old_logprobs,
@@ -29,10 +31,18 @@ from rlanything.models.trainer import Sample, make_optimizer, ppo_update, with_t
 def test_auto_picks_bf16_only_where_the_cpu_has_bf16_units(monkeypatch, flags, expected):
     monkeypatch.setenv(FLAGS_ENV, flags)
     assert cpu_flags() == set(flags.split())
-    choice = resolve("auto", "cpu")
+    choice = resolve("auto", "cpu", speedup=2.0)  # bf16 units that pay: the flags decide
     assert choice.precision == expected and choice.reason.startswith("auto: the CPU has")
+    # units that do not pay (a hypervisor hiding AMX): fp32 whatever the flags say
+    slow = resolve("auto", "cpu", speedup=1.1)
+    assert slow.precision == "fp32" and ("below 1.2x" in slow.reason or "no bf16 units" in slow.reason)
     # an explicit setting is never second-guessed
     assert resolve("fp32", "cpu").precision == "fp32" and resolve("bf16", "cpu").precision == "bf16"
+
+
+def test_the_speedup_is_timed_here():
+    ratio = bf16_matmul_speedup(rows=32, k=64, n=64, repeats=2)
+    assert 0 < ratio < 1000  # emulated bf16 (no units) is slower than fp32, never 0 or infinite
 
 
 def test_without_the_variable_the_flags_are_this_machines(monkeypatch):
@@ -43,16 +53,40 @@ def test_without_the_variable_the_flags_are_this_machines(monkeypatch):
 
 
 def test_a_run_keeps_the_choice_it_started_with(monkeypatch, tmp_path):
-    config = build_config({})  # every precision auto
-    monkeypatch.setenv(FLAGS_ENV, "avx512_bf16")
+    config = build_config({"policy": {"device": "cpu"}, "rm": {"device": "cpu"}})  # every precision auto
+    monkeypatch.setenv(FLAGS_ENV, "avx512_bf16")  # the speed-up is timed for real: either outcome
     first = run_precision(config, tmp_path)
-    assert {c.precision for uses in first.values() for c in uses.values()} == {"bf16"}
+    chosen = {c.precision for uses in first.values() for c in uses.values()}
+    assert len(chosen) == 1  # one timing decides every section alike
     saved = json.loads((tmp_path / PRECISION_FILE).read_text())
-    assert saved["policy"]["update"] == {"precision": "bf16", "reason": "auto: the CPU has avx512_bf16"}
+    assert saved["policy"]["update"]["reason"].startswith("auto: the CPU has avx512_bf16")
+    assert saved["policy"]["update"]["precision"] == first["policy"]["update"].precision
     monkeypatch.setenv(FLAGS_ENV, "avx2")  # resumed on a machine without bf16 units
     assert run_precision(config, tmp_path) == first
-    assert precision_of(config, "rm", "update", tmp_path) == "bf16"
+    assert precision_of(config, "rm", "update", tmp_path) == first["rm"]["update"].precision
     assert precision_of(config, "rm", "update", None) == "fp32"  # outside the run: resolved here
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_an_update_whose_accelerate_config_runs_another_precision_is_refused(tiny_model_path, tmp_path):
+    job = UpdateJob(
+        start=str(tiny_model_path),
+        out=str(tmp_path / "out"),
+        precision="bf16",  # while the in-process Accelerator runs mixed_precision "no"
+        lora=LoraConfig().model_dump(),
+        lr=1e-3,
+        weight_decay=0.0,
+        grad_clip=1.0,
+        updates=1,
+        micro_batch_size=2,
+        temperature=1.0,
+        clip_eps=0.2,
+        kl_beta=0.01,
+        seed=0,
+    )
+    with pytest.raises(ValueError, match="precision is bf16.*mixed_precision 'no'"):
+        run_update(job, [], backend="accelerate")
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_old_dtype_key_reads_as_both_precisions_with_a_warning(caplog):
@@ -118,6 +152,9 @@ def test_a_bf16_sampler_leaves_a_first_step_ratio_off_one_unless_the_trainer_rec
     assert plain[0]["kl"] > 0.0 and plain[0]["pg_loss"] not in pair_means
     assert plain[0]["mismatch_abs_mean"] is None
     assert redone[0]["mismatch_abs_mean"] > 1e-4 and redone[0]["mismatch_abs_max"] >= redone[0]["mismatch_abs_mean"]
+    # a bf16 update recomputing its own: its first ratios are 1 to bf16's rounding, not the sampler's gap
+    bf16, _ = _update(tiny_model_path, tiny_tokenizer, samples, recompute_old=True, precision="bf16")
+    assert bf16[0]["kl"] < 1e-6 and abs(bf16[0]["pg_loss"] - redone[0]["pg_loss"]) < 1e-3
     assert 0.0 <= redone[0]["mismatch_outside_cap"] <= 1.0
 
 
@@ -141,3 +178,11 @@ def test_a_bf16_update_keeps_fp32_weights_and_trains(tiny_model_path, tiny_token
     assert moved(b) > 0.5 * moved(a) > 0  # both moved the weights, by a like amount
     # the forward really ran in bf16: against the fp32 sampler's log-probs its first ratio is off 1
     assert fp32[0]["kl"] == 0.0 and bf16[0]["kl"] > 0.0
+
+
+def test_truncated_importance_sampling_needs_the_trainers_logprobs():
+    assert build_config({"algo": {"tis_cap": 2.0}}).algo.tis_cap == 2.0  # auto: trainer where it matters
+    with pytest.raises(ConfigError, match="tis_cap .* needs old_logprobs trainer or auto"):
+        build_config({"algo": {"tis_cap": 2.0, "old_logprobs": "sampler"}})
+    with pytest.raises(ConfigError, match="tis_cap"):
+        build_config({"algo": {"tis_cap": 1.0}})  # a cap of 1 would zero every update above the sampler
