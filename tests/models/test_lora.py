@@ -4,11 +4,12 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from rlanything.config import ConfigError, LoraConfig, build_config
 from rlanything.models.distributed import UpdateJob, run_update
 from rlanything.models.engine import TransformersEngine, response_logprobs
-from rlanything.models.loading import is_adapter_only, load_model
+from rlanything.models.loading import ADAPTER_DIR, is_adapter_only, load_model
 from rlanything.models.lora import add_adapters, load_for_training
 from rlanything.models.prompts import policy_messages, render
 from rlanything.models.trainer import Sample, make_optimizer, ppo_update
@@ -132,3 +133,14 @@ def test_lora_config_keys_and_vllm_needs_merged():
         build_config({"rm": {"lora": {"rank": 8}}})
     with pytest.raises(ConfigError, match="save: merged"):
         build_config({"policy": {"engine": "vllm", "lora": {"enabled": True, "save": "adapter"}}})
+
+
+def test_a_bf16_lora_update_keeps_its_adapters_fp32_over_a_bf16_base(tiny_model_path, samples, tmp_path):
+    """A bf16 update with LoRA loads the frozen base in bf16 (no fp32 copy of weights that never
+    train) while peft keeps the trained adapters in fp32; the adapters move and the merged
+    checkpoint is a bf16 model."""
+    history = run_update(job(tiny_model_path, tmp_path / "out", save="adapter", precision="bf16"), samples)
+    assert len(history) == 2 and all(h["grad_norm"] > 0 for h in history)
+    adapter = load_file(tmp_path / "out" / ADAPTER_DIR / "adapter_model.safetensors")
+    assert adapter and {t.dtype for t in adapter.values()} == {torch.float32}
+    assert any(float(t.abs().sum()) > 0 for name, t in adapter.items() if "lora_B" in name)  # B starts at 0
