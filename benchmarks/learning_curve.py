@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("learning_curve.png"))
     parser.add_argument("--csv", type=Path, default=None, help="also write the points as CSV")
     parser.add_argument("--reference", type=Path, default=None, help="a CSV of earlier runs' points, drawn dashed")
+    parser.add_argument("--reference-label", default="earlier", help="what the reference runs' names get appended")
     args = parser.parse_args()
     histories = {run.name: eval_history(run) for run in args.runs}
     splits = sorted({s for h in histories.values() for s in h.split})
@@ -61,11 +62,17 @@ def main() -> None:
             if split not in splits:
                 continue
             ax = axes[splits.index(split)]
-            ax.plot(rows.training_min, rows.strict_accuracy, marker=".", linestyle="--", label=f"{name} (earlier)")
+            ax.plot(
+                rows.training_min,
+                rows.strict_accuracy,
+                marker=".",
+                linestyle="--",
+                label=f"{name} ({args.reference_label})",
+            )
             for r in rows.itertuples():
                 label = "base" if r.iteration < 0 else r.iteration
                 print(
-                    f"| {name} (earlier) | {split} | {label} | {r.training_min:.1f} | {r.strict_accuracy:.1%} "
+                    f"| {name} ({args.reference_label}) | {split} | {label} | {r.training_min:.1f} | {r.strict_accuracy:.1%} "
                     f"[{r.strict_ci_low:.1%}, {r.strict_ci_high:.1%}] | {r.n} |"
                 )
     for ax, split in zip(axes, splits):

@@ -150,6 +150,7 @@ def ppo_update(
     autocast = _autocast(model, precision)
     if recompute_old:
         samples = with_trainer_logprobs(model, samples, pad_id, temperature, micro_batch_size, autocast)
+    loss_args = dict(pad_id=pad_id, temperature=temperature, clip_eps=clip_eps, kl_beta=kl_beta, tis_cap=tis_cap)
     rng = random.Random(seed)  # one stream: the first epoch's order is the same whatever `epochs`
     n_mini = min(updates, len(samples))
     model.train()
@@ -162,19 +163,7 @@ def ppo_update(
                     group["lr"] = lr_at(len(history))
             with autocast:
                 stats = _minibatch_step(
-                    model,
-                    optimizer,
-                    samples,
-                    mini,
-                    backend,
-                    micro_batch_size,
-                    on_micro_batch,
-                    grad_clip,
-                    pad_id=pad_id,
-                    temperature=temperature,
-                    clip_eps=clip_eps,
-                    kl_beta=kl_beta,
-                    tis_cap=tis_cap,
+                    model, optimizer, samples, mini, backend, micro_batch_size, on_micro_batch, grad_clip, **loss_args
                 )
             gap = _gap([samples[i] for i in mini], tis_cap or REPORT_CAP)
             history.append({"update_idx": len(history), "epoch": epoch, **stats, **gap})
