@@ -6,9 +6,10 @@ import logging
 
 import pytest
 import torch
+from test_distributed import job as update_job  # the distributed tests' UpdateJob
 
-from rlanything.config import ConfigError, LoraConfig, build_config
-from rlanything.models.distributed import UpdateJob, run_update
+from rlanything.config import ConfigError, build_config
+from rlanything.models.distributed import run_update
 from rlanything.models.engine import TransformersEngine
 from rlanything.models.loading import load_model
 from rlanything.models.precision import (
@@ -69,21 +70,7 @@ def test_a_run_keeps_the_choice_it_started_with(monkeypatch, tmp_path):
 
 
 def test_an_update_whose_accelerate_config_runs_another_precision_is_refused(tiny_model_path, tmp_path):
-    job = UpdateJob(
-        start=str(tiny_model_path),
-        out=str(tmp_path / "out"),
-        precision="bf16",  # while the in-process Accelerator runs mixed_precision "no"
-        lora=LoraConfig().model_dump(),
-        lr=1e-3,
-        weight_decay=0.0,
-        grad_clip=1.0,
-        updates=1,
-        micro_batch_size=2,
-        temperature=1.0,
-        clip_eps=0.2,
-        kl_beta=0.01,
-        seed=0,
-    )
+    job = update_job(tiny_model_path, tmp_path / "out", precision="bf16")  # the Accelerator: "no"
     with pytest.raises(ValueError, match="precision is bf16.*mixed_precision 'no'"):
         run_update(job, [], backend="accelerate")
     assert not (tmp_path / "out").exists()
