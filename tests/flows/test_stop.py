@@ -345,7 +345,7 @@ def test_cancel_in_the_prefect_ui_stops_a_deployment_run_the_same_way(tmp_path, 
         if serve.proc.poll() is None:
             serve.loaded()
             os.killpg(serve.proc.pid, signal.SIGINT)
-        serve.finish(timeout=60)
+        serve.finish(timeout=180)  # cleanup only: twice >60 s in the full suite on 2 cores (2026-11-26), under study
     assert serve.leftovers() == []
 
 
