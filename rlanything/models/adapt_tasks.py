@@ -75,10 +75,11 @@ def adapt(
     judgments: pd.DataFrame,
     steps: pd.DataFrame,
     episodes: pd.DataFrame,
-    env_precision: str = "fp32",
+    env_precision: str,
 ) -> tuple[list[dict], pd.DataFrame]:
     """One iteration's task adaptation from the buffer it started with (`before`) and its
-    outcomes, judgments, rollouts and episodes -> (adaptation rows, the next buffer)."""
+    outcomes, judgments, rollouts and episodes, the environment model generating in `env_precision`
+    (the run's resolved one) -> (adaptation rows, the next buffer)."""
     valid = outcomes[outcomes.valid]
     accuracy = task_accuracy(valid.outcome.to_numpy(), valid.task_id.to_numpy())
     counts = outcomes.groupby("task_id").size()
@@ -123,8 +124,9 @@ def adapt(
             requests.append(row)
         rows.append(row)
     if requests:
-        frames = (outcomes, judgments, steps, episodes)
-        buffer = rewrite(config, env_cls, iteration, buffer, requests, *frames, env_precision=env_precision)
+        buffer = rewrite(
+            config, env_cls, iteration, buffer, requests, outcomes, judgments, steps, episodes, env_precision
+        )
     return rows, buffer
 
 
@@ -143,7 +145,7 @@ def environment_model(config, precision: str) -> ModelRewriter:
 
 
 def rewrite(
-    config, env_cls, iteration, buffer, requests, outcomes, judgments, steps, episodes, env_precision: str = "fp32"
+    config, env_cls, iteration, buffer, requests, outcomes, judgments, steps, episodes, env_precision: str
 ) -> pd.DataFrame:
     """Critic summaries and rewrites for `requests` (adaptation rows, filled in place); each
     valid rewrite is added to the buffer as its slot's pending version -> the new buffer."""

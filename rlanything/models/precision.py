@@ -26,8 +26,10 @@ began. The file says why each was chosen; the run logs it and MLflow has it as p
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -82,14 +84,19 @@ def bf16_matmul_speedup(rows: int = 256, k: int = 576, n: int = 1536, repeats: i
     return best(torch.float32) / best(torch.bfloat16)
 
 
-def resolve(setting: str, device: str = "cpu", flags: set[str] | None = None, speedup=None) -> Choice:
+def resolve(
+    setting: str,
+    device: str = "cpu",
+    flags: set[str] | None = None,
+    speedup: Callable[[], float] = bf16_matmul_speedup,
+) -> Choice:
     """`auto`, `fp32` or `bf16` on a device ("cpu", "cuda", "cuda:N") -> the precision and why.
-    `flags`: the CPU's (default `cpu_flags()`); `speedup`: bf16's matmul speed over fp32's here
-    (default: timed, `bf16_matmul_speedup`, only where the flags name a bf16 unit).
+    `flags`: the CPU's (default `cpu_flags()`); `speedup()`: bf16's matmul speed over fp32's
+    here, called only where the flags name a bf16 unit (default: timed, `bf16_matmul_speedup`).
 
-    >>> resolve("auto", "cpu", {"avx2", "avx512_bf16"}, speedup=2.1)
+    >>> resolve("auto", "cpu", {"avx2", "avx512_bf16"}, speedup=lambda: 2.1)
     Choice(precision='bf16', reason='auto: the CPU has avx512_bf16 and a bf16 matmul ran 2.1x the fp32 rate here')
-    >>> resolve("auto", "cpu", {"avx512_bf16"}, speedup=0.5).precision, resolve("auto", "cpu", {"avx2"}).precision
+    >>> resolve("auto", "cpu", {"avx512_bf16"}, lambda: 0.5).precision, resolve("auto", "cpu", {"avx2"}).precision
     ('fp32', 'fp32')
     """
     if setting in PRECISIONS:
@@ -106,7 +113,7 @@ def resolve(setting: str, device: str = "cpu", flags: set[str] | None = None, sp
     units = "/".join(flag for flag in BF16_FLAGS if flag in (cpu_flags() if flags is None else flags))
     if not units:
         return Choice("fp32", "auto: the CPU has no bf16 units (" + ", ".join(BF16_FLAGS) + ")")
-    ratio = bf16_matmul_speedup() if speedup is None else speedup
+    ratio = speedup()
     timed = f"a bf16 matmul ran {ratio:.1f}x the fp32 rate here"
     if ratio >= MIN_SPEEDUP:
         return Choice("bf16", f"auto: the CPU has {units} and {timed}")
@@ -118,24 +125,14 @@ def resolve_sections(config) -> dict[str, dict[str, Choice]]:
     "env_model": {"generation"}}, each resolved on its section's device."""
     from rlanything.models.loading import resolve_device
 
-    timed: list[float] = []  # bf16's matmul speed-up, timed once for all sections if needed
-
-    def speedup() -> float:
-        if not timed:
-            timed.append(bf16_matmul_speedup())
-        return timed[0]
-
-    def one(setting: str, device: str) -> Choice:
-        needs_timing = setting == "auto" and device == "cpu" and any(f in cpu_flags() for f in BF16_FLAGS)
-        return resolve(setting, device, speedup=speedup() if needs_timing else None)
-
+    speedup = functools.cache(bf16_matmul_speedup)  # timed at most once, for every section alike
     out: dict[str, dict[str, Choice]] = {}
     for name in ("policy", "rm", "env_model"):
         section = getattr(config, name)
         device = str(resolve_device(section.device))
-        out[name] = {"generation": one(section.precision, device)}
+        out[name] = {"generation": resolve(section.precision, device, speedup=speedup)}
         if name != "env_model":
-            out[name]["update"] = one(section.optim.precision, device)
+            out[name]["update"] = resolve(section.optim.precision, device, speedup=speedup)
     return out
 
 

@@ -32,10 +32,10 @@ from rlanything.models.trainer import Sample, make_optimizer, ppo_update, with_t
 def test_auto_picks_bf16_only_where_the_cpu_has_bf16_units(monkeypatch, flags, expected):
     monkeypatch.setenv(FLAGS_ENV, flags)
     assert cpu_flags() == set(flags.split())
-    choice = resolve("auto", "cpu", speedup=2.0)  # bf16 units that pay: the flags decide
+    choice = resolve("auto", "cpu", speedup=lambda: 2.0)  # bf16 units that pay: the flags decide
     assert choice.precision == expected and choice.reason.startswith("auto: the CPU has")
     # units that do not pay (a hypervisor hiding AMX): fp32 whatever the flags say
-    slow = resolve("auto", "cpu", speedup=1.1)
+    slow = resolve("auto", "cpu", speedup=lambda: 1.1)
     assert slow.precision == "fp32" and ("below 1.2x" in slow.reason or "no bf16 units" in slow.reason)
     # an explicit setting is never second-guessed
     assert resolve("fp32", "cpu").precision == "fp32" and resolve("bf16", "cpu").precision == "bf16"
