@@ -26,6 +26,17 @@ def timed(fn, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
+def fastest_ms(fn, repeats: int) -> float:
+    """Fastest wall time of `fn()` over `repeats` runs, in ms (warm it up before): on a shared
+    machine neighbours only ever slow a run down, so the fastest is the closest to the work."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000 * min(times)
+
+
 def matmul_ceiling(dtype: torch.dtype = torch.float32, n: int = 2048, repeats: int = 5) -> float:
     """FLOP/s of an n×n @ n×n matmul in `dtype`: what this CPU (or GPU) can do at best."""
     device = "cuda" if torch.cuda.is_available() else "cpu"

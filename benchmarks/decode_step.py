@@ -60,7 +60,7 @@ import torch
 from transformers import AutoConfig, DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_line, header, matmul_ceiling, params_of, timed  # noqa: E402
+from _common import cpu_line, fastest_ms, header, matmul_ceiling, params_of, timed  # noqa: E402
 from cpu_engines import CT2, OpenVino, default_precision, export_openvino, installed  # noqa: E402
 
 from rlanything.models.decode import Decoder  # noqa: E402
@@ -95,12 +95,7 @@ def step_ms(model, rows: int, shared: int, own: int, held_once: bool, steps: int
     decoder.admit(list(range(rows)), ids, torch.ones_like(ids), None)
     for _ in range(3):
         decoder.step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        decoder.step()
-        times.append(time.perf_counter() - start)
-    return 1000 * min(times)
+    return fastest_ms(decoder.step, steps)
 
 
 def ct2_step_ms(model_dir: Path, work: Path, rows: int, shapes: list[tuple[int, int]]) -> dict:
@@ -135,15 +130,11 @@ def ov_step_ms(engine: OpenVino, vocab: int, rows: int, shapes: list[tuple[int, 
         handles = engine.add(pipe, prompts, steps + 8, 1.0, 0, stop=False)  # a dropped handle drops its request
         for _ in range(4):  # the prefill (every prompt at once) and 3 steps
             pipe.step()
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            pipe.step()
-            times.append(time.perf_counter() - start)
+        ms = fastest_ms(pipe.step, steps)
         while pipe.has_non_finished_requests():
             pipe.step()
         assert all(len(h.read_all()[0].generated_ids) == steps + 8 for h in handles), "a request ended early"
-        out[(shared, own)] = 1000 * min(times)
+        out[(shared, own)] = ms
     return out
 
 
@@ -187,13 +178,13 @@ def linear_ms(model, rows: int) -> float:
     """Fastest of 7 passes, in ms, through the model's Linear layers (LM head included) on `rows` rows."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = [torch.randn(rows, m.in_features, dtype=m.weight.dtype) for m in linears]
-    times = []
-    for _ in range(8):  # the first a warm-up
-        start = time.perf_counter()
+
+    def one_pass() -> None:
         for x, m in zip(inputs, linears):
             m(x)
-        times.append(time.perf_counter() - start)
-    return 1000 * min(times[1:])
+
+    one_pass()  # a warm-up
+    return fastest_ms(one_pass, 7)
 
 
 def teacher_forced_logprobs(model, ids: torch.Tensor, chunk: int = 8) -> torch.Tensor:
