@@ -19,7 +19,7 @@ model (a forward hook: non-pad tokens of prefills and decode steps).
                                     [--batch-sizes 64,128]
 
 judges a real iteration's steps instead (its rollouts, episodes and outcomes, as the rm_score step
-reads them) as the step judges them (`judge.judge_as_configured`: the config's RM settings and its
+reads them) as the step judges them (`agent.judging.judge_as_configured`: the config's RM settings and its
 environment's judge hint), fp32, at each batch size: `in-pass`, the engine
 decoding the constrained verdict in the generation pass (the default), against `two-pass`, the
 verdict scored after the reasoning (what engines without `decodes_choices` do), and `in-rows`,
@@ -40,8 +40,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import TokensFed, header  # noqa: E402
 
+from rlanything.agent.judging import judge_as_configured  # noqa: E402
 from rlanything.models.engine import TransformersEngine  # noqa: E402
-from rlanything.models.judge import judge_as_configured, judge_steps  # noqa: E402
+from rlanything.models.judge import judge_steps  # noqa: E402
 from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
 
 

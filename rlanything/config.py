@@ -1,6 +1,6 @@
 """Typed run configuration, loaded strictly from YAML.
 
-Every default lives here, once (those of each environment kind's `env.options`: envs/kinds.py).
+Every default lives here, once (those of each environment kind's `env.options`: environment.py).
 A YAML file (see `configs/`) only says what differs;
 `--set section.key=value` overrides apply on top. Unknown keys and bad values raise
 `ConfigError` naming the dotted key. The resolved config is saved as `config.yaml` in the
@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from rlanything.envs.kinds import ENV_KINDS, NoOptions
+from rlanything.environment import ENV_KINDS, NoOptions, runs_code
 from rlanything.storage.layout import STEPS
 
 log = logging.getLogger(__name__)
@@ -283,7 +283,7 @@ ENV_MODEL_INHERITS = ("model", "engine", "device", "precision", "batch_size", "k
 
 # ------------------------------------------------------------------ environment options by kind
 # Every environment kind has one options model; `env.options` is validated by the model of
-# `env.kind` only. The built-in kinds and their models: `ENV_KINDS` (envs/kinds.py). A plug-in
+# `env.kind` only. The built-in kinds and their models: `ENV_KINDS` (environment.py). A plug-in
 # kind ("package.module:ClassName") brings its own (`Options`).
 
 
@@ -294,7 +294,7 @@ def env_options_model(kind: str) -> type[BaseModel]:
         return ENV_KINDS[kind].options
     from rlanything.plugins import environment_class  # imports the plug-in's module; only plug-ins need it
 
-    options = getattr(environment_class(kind, {}), "Options", NoOptions)
+    options = getattr(environment_class(kind), "Options", NoOptions)
     if not (isinstance(options, type) and issubclass(options, BaseModel)):
         raise ValueError(f"{kind}.Options must be a pydantic BaseModel subclass, got {options!r}")
     return options
@@ -302,7 +302,7 @@ def env_options_model(kind: str) -> type[BaseModel]:
 
 class EnvConfig(_Section):
     kind: str = "reasoning_gym"
-    """Environment: a built-in kind (`ENV_KINDS` in rlanything/envs/kinds.py: reasoning_gym, miniwob,
+    """Environment: a built-in kind (`ENV_KINDS` in rlanything/environment.py: reasoning_gym, miniwob,
     osworld, textworld, textworld_express, alfworld, coding, first_letter) or a plug-in class
     "package.module:ClassName" implementing rlanything.envs.base.Environment (its module must be
     importable)."""
@@ -322,19 +322,14 @@ class EnvConfig(_Section):
     names each step's file."""
     options: SerializeAsAny[BaseModel] = Field(default_factory=dict, validate_default=True)
     """Options of `kind`, validated by that kind's model only: a built-in kind's model is named in
-    `ENV_KINDS` (rlanything/envs/kinds.py: ReasoningGymOptions, MiniWoBOptions, OSWorldOptions,
+    `ENV_KINDS` (rlanything/environment.py: ReasoningGymOptions, MiniWoBOptions, OSWorldOptions,
     TextWorldOptions, TextWorldExpressOptions, AlfWorldOptions, CodingOptions,
     FirstLetterOptions), a plug-in's is its class's own pydantic `Options` (none: NoOptions)."""
 
     @field_validator("kind")
     @classmethod
     def _known_kind(cls, kind: str) -> str:
-        if kind not in ENV_KINDS and ":" not in kind:
-            raise ValueError(
-                f"unknown environment kind {kind!r}: use one of {list(ENV_KINDS)} or a plug-in "
-                "class as 'package.module:ClassName'"
-            )
-        env_options_model(kind)  # a plug-in that cannot be imported fails here, under env.kind
+        env_options_model(kind)  # an unknown kind, or a plug-in that cannot be imported, fails here, under env.kind
         return kind
 
     @field_validator("options", mode="before")
@@ -526,9 +521,10 @@ class Config(_Section):
         for name, section in (("policy", self.policy), ("rm", self.rm), ("env_model", self.env_model)):
             if section.engine == "vllm" and section.top_p < 1:
                 raise ValueError(f"{name}.engine vllm records untruncated log-probs only with {name}.top_p: 1")
-        if self.rm.role == "unit_tests" and self.env.kind != "coding":
+        if self.rm.role == "unit_tests" and not runs_code(self.env.kind):
+            kinds = " or ".join(kind for kind in ENV_KINDS if runs_code(kind))
             raise ValueError(
-                f"rm.role unit_tests needs env.kind coding (got {self.env.kind!r}): tests need code to run"
+                f"rm.role unit_tests needs env.kind {kinds} (got {self.env.kind!r}): tests need code to run"
             )
         if self.rm.judgments_per_step == 0:
             self._check_no_rm()
@@ -603,13 +599,14 @@ def apply_override(data: dict[str, Any], override: str) -> None:
 
 
 # Keys of the layout before environment options were keyed on env.kind and the environment
-# model got its own section: (old section, old key) -> (new section, new key).
+# model got its own section: (old section, old key) -> (new section, new key, the one kind that
+# read it, or None: every kind).
 _MOVED = {
-    ("env", "dataset"): ("env.options", "dataset"),
-    ("env", "dataset_config"): ("env.options", "dataset_config"),
-    ("adapt", "model"): ("env_model", "model"),
-    ("adapt", "max_new_tokens"): ("env_model", "max_new_tokens"),
-    ("adapt", "temperature"): ("env_model", "temperature"),
+    ("env", "dataset"): ("env.options", "dataset", "reasoning_gym"),
+    ("env", "dataset_config"): ("env.options", "dataset_config", "reasoning_gym"),
+    ("adapt", "model"): ("env_model", "model", None),
+    ("adapt", "max_new_tokens"): ("env_model", "max_new_tokens", None),
+    ("adapt", "temperature"): ("env_model", "temperature", None),
 }
 _RENAMED_OPTIONS = {("textworld", "options"): "tw_make"}
 _DTYPE_TO_PRECISION = {"float32": "fp32", "bfloat16": "bf16"}
@@ -631,14 +628,14 @@ def migrate(data: dict[str, Any]) -> list[str]:
     -> what changed, one line each (empty for a config in the current layout)."""
     moved: list[str] = []
     env = data.get("env")
-    kind = env.get("kind", "reasoning_gym") if isinstance(env, dict) else None
-    for (section, key), (new_section, new_key) in _MOVED.items():
+    kind = env.get("kind", EnvConfig.model_fields["kind"].default) if isinstance(env, dict) else None
+    for (section, key), (new_section, new_key, reader) in _MOVED.items():
         node = data.get(section)
         if not isinstance(node, dict) or key not in node:
             continue
         value = node.pop(key)
-        if new_section == "env.options" and kind != "reasoning_gym":
-            moved.append(f"{section}.{key} dropped (read only by kind reasoning_gym, now env.options.{key})")
+        if reader is not None and kind != reader:
+            moved.append(f"{section}.{key} dropped (read only by kind {reader}, now {new_section}.{new_key})")
         else:
             _move(data, f"{section}.{key}", f"{new_section}.{new_key}", value, moved)
     for name in ENV_KINDS if isinstance(env, dict) else ():

@@ -1,40 +1,28 @@
-"""Importing a user's class named "package.module:ClassName" (plug-in environments).
+"""Importing a user's class named "package.module:ClassName" (plug-in environments), and the
+class of any environment kind, checked against the `Environment` Protocol.
 
 Kept apart from `envs` so that the config can validate a plug-in's options without importing
-any of our environments: this module imports nothing of ours.
+any of our environments: this module imports nothing of ours but rlanything/environment.py
+(the Protocol and the built-in kinds, pydantic only).
 """
 
 from __future__ import annotations
 
 import importlib
 
-ENVIRONMENT_MEMBERS = (
-    "system_prompt",
-    "judge_hint",
-    "reset",
-    "step",
-    "outcome",
-    "close",
-    "initial_specs",
-    "validate_spec",
-    "rewrite_instructions",
-    "parse_rewrite",
-    "rule_rewrite",
-)
-"""What a class must define to be an `rlanything.envs.base.Environment` (checked when a plug-in
-environment is loaded, by the config and by `envs.base.env_class`)."""
+from rlanything.environment import ENV_KINDS, REQUIRED_MEMBERS
 
 
-def environment_class(kind: str, builtins: dict[str, str]) -> type:
-    """An environment kind -> its class: a built-in name (`builtins`: name -> "module:Class"),
-    or a plug-in "package.module:ClassName" that defines every `ENVIRONMENT_MEMBERS`."""
-    if kind not in builtins and ":" not in kind:
+def environment_class(kind: str) -> type:
+    """An environment kind -> its class: a built-in name (`ENV_KINDS`), or a plug-in
+    "package.module:ClassName" that defines every one of the Protocol's `REQUIRED_MEMBERS`."""
+    if kind not in ENV_KINDS and ":" not in kind:
         raise ValueError(
-            f"unknown environment kind {kind!r}: use one of {list(builtins)} or a plug-in "
+            f"unknown environment kind {kind!r}: use one of {list(ENV_KINDS)} or a plug-in "
             "class as 'package.module:ClassName'"
         )
-    cls = import_class(builtins.get(kind, kind), "environment")
-    missing = [member for member in ENVIRONMENT_MEMBERS if not hasattr(cls, member)]
+    cls = import_class(ENV_KINDS[kind].env_class if kind in ENV_KINDS else kind, "environment")
+    missing = [member for member in REQUIRED_MEMBERS if not hasattr(cls, member)]
     if missing:
         raise ValueError(
             f"environment {kind!r} does not implement rlanything.envs.base.Environment: missing {', '.join(missing)}"

@@ -13,7 +13,7 @@ from rlanything.config import (
     load_config,
     save_config,
 )
-from rlanything.envs.kinds import ENV_KINDS, TextWorldOptions
+from rlanything.environment import ENV_KINDS, TextWorldOptions
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "custom_env"

@@ -1,86 +1,138 @@
-"""The import rules of the package's layers, checked on the source (an AST walk, imports inside
-functions and `TYPE_CHECKING` blocks included), and the one declaration of the pipeline.
+"""The import rules of the package's layers, read from the layer table of docs/architecture.md
+("## Layers": layer | holds | must not import) and checked on the source (an AST walk, imports
+inside functions and `TYPE_CHECKING` blocks included); and the one declaration of the pipeline.
 
-Layers (one way): flows -> tasks -> agent -> (envs, models), algo, storage, reports.
-    algo imports nothing of ours; only tasks, flows and the CLI import prefect; nothing but the
-    CLI (and flows itself) imports flows; library layers (envs, models, storage, reports, agent)
-    import neither tasks nor flows; envs do not import models or agent; models do not import
-    agent; storage imports none of models, envs, agent, reports; config imports nothing of ours
-    but the step declaration (storage.layout), the plug-in importer (plugins) and the table of
-    built-in environment kinds with their options models (envs.kinds, light: pydantic only; the
-    environment classes are named there, not imported). Anyone may import config, metric_names,
-    paths, progress, seeding.
+The table is the one statement of the rules: a cell of "must not import" names layers or modules
+of ours in backticks (`envs`, `storage.layout`), "anything of ours" (every module of the package
+outside the layer itself, but those named after "but") and Prefect. Every module of the package
+must belong to a row.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rlanything"
-LIBRARY = ("envs", "models", "storage", "reports", "agent")
-FORBIDDEN = {  # importing layer -> layers of ours it must not import
-    **{layer: {"tasks", "flows", "cli"} for layer in LIBRARY},
-    "envs": {"tasks", "flows", "cli", "models", "agent"},
-    "models": {"tasks", "flows", "cli", "agent"},
-    "storage": {"tasks", "flows", "cli", "models", "envs", "agent", "reports"},
-    "tasks": {"flows", "cli"},
-}
-PREFECT_LAYERS = {"tasks", "flows", "cli"}
-CONFIG_MAY_IMPORT = {"rlanything.storage.layout", "rlanything.plugins", "rlanything.envs.kinds"}
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 
 
-def _imports(tree: ast.AST, module: str) -> list[tuple[int, str]]:
-    """(line, absolute module name) of every import in a module's tree."""
+@dataclass(frozen=True)
+class Rule:
+    """What one layer must not import, as its row of the table says."""
+
+    named: frozenset[str]  # modules of ours in the cell, dotted without "rlanything." (envs, storage.layout)
+    everything: bool  # "anything of ours": every module of ours but the `named` ones
+    prefect: bool
+
+
+def read_rules(markdown: str) -> dict[str, Rule]:
+    r"""The layer table under "## Layers" -> layer (or top-level module) -> its rule.
+
+    >>> rows = "| `a`, `b` | x | anything of ours but `c.d`; Prefect |\n| `e` | y | `a` |\n"
+    >>> rules = read_rules("## Layers\n| layer | holds | must not import |\n|---|---|---|\n" + rows)
+    >>> rules["b"] == Rule(frozenset({"c.d"}), True, True), rules["e"] == Rule(frozenset({"a"}), False, False)
+    (True, True)
+    """
+    section = ("\n" + markdown).split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in section.splitlines()]
+    rows = [row for row in rows if len(row) == 3]
+    if not rows or rows[0] != ["layer", "holds", "must not import"]:
+        raise ValueError("no 'layer | holds | must not import' table under ## Layers")
+    rules = {}
+    for layers, _, cell in rows[2:]:  # after the header and its |---| line
+        named = frozenset(re.findall(r"`([\w.]+)`", cell))
+        rule = Rule(named, "anything of ours" in cell, re.search(r"\bPrefect\b", cell) is not None)
+        rules.update((layer, rule) for layer in re.findall(r"`(\w+)`", layers))
+    return rules
+
+
+RULES = read_rules(ARCHITECTURE.read_text())
+
+
+def _modules(package: Path) -> dict[str, Path]:
+    """Absolute module name -> its file, for every module of `package` (a folder named rlanything)."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in a module's tree; a name imported from a
+    module of ours that is itself a module or package of ours (`from rlanything.storage import
+    layout`) stands for that module."""
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: resolve against the importing module's package
-                base = module.split(".")[: -node.level]
-                name = ".".join(base + ([node.module] if node.module else []))
-            else:
-                name = node.module or ""
-            out.append((node.lineno, name))
-            out += [(node.lineno, f"{name}.{alias.name}") for alias in node.names if name == "rlanything"]
+            name = node.module or ""
+            if node.level:  # relative: against the importing module's package (itself, for an __init__)
+                here = module.split(".")[: None if is_package else -1]
+                name = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+            full = [f"{name}.{alias.name}" for alias in node.names]
+            out += [(node.lineno, f if f in known else name) for f in full]
     return out
 
 
-def layer_violations(package: Path) -> list[str]:
-    """Every import in `package` (a folder named rlanything) that breaks the layer rules."""
+def _within(name: str, names: frozenset[str]) -> str | None:
+    """The one of `names` (dotted, without "rlanything.") that module `name` is or lies in."""
+    dotted = name.removeprefix("rlanything.")
+    return next((n for n in sorted(names) if dotted == n or dotted.startswith(n + ".")), None)
+
+
+def layer_violations(package: Path, rules: dict[str, Rule] = RULES) -> list[str]:
+    """Every import in `package` (a folder named rlanything) that its layer's rule forbids, and
+    every module whose layer has no rule."""
+    modules = _modules(package)
+    known = {".".join(m.split(".")[:n]) for m in modules for n in range(1, m.count(".") + 2)}
     problems = []
-    for path in sorted(package.rglob("*.py")):
-        parts = path.relative_to(package.parent).with_suffix("").parts
-        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    for module, path in modules.items():
+        parts = module.split(".")
         layer = parts[1] if len(parts) > 1 else "__init__"
-        layer = layer.removesuffix(".py")
-        for line, name in _imports(ast.parse(path.read_text(), str(path)), module):
-            where = f"{path.relative_to(package.parent)}:{line} imports {name}"
+        where = path.relative_to(package.parent)
+        if layer not in rules:
+            problems.append(f"{where}: layer {layer} has no row in the layer table")
+            continue
+        rule = rules[layer]
+        for line, name in sorted(
+            set(_imports(ast.parse(path.read_text(), str(path)), module, path.name == "__init__.py", known))
+        ):
             target = name.split(".")
-            if target[0] == "prefect" and layer not in PREFECT_LAYERS:
-                problems.append(f"{where}: only tasks, flows and the CLI import prefect")
-            if target[0] != "rlanything" or len(target) < 2:
+            if target[0] == "prefect" and rule.prefect:
+                problems.append(f"{where}:{line} imports {name}: {layer} must not import Prefect")
+            if target[0] != "rlanything" or len(target) < 2 or target[1] == layer:
                 continue
-            theirs = target[1]
-            if layer == "algo" and theirs != "algo":
-                problems.append(f"{where}: algo imports nothing of ours")
-            elif layer == "config" and not any(name == ok or name.startswith(ok + ".") for ok in CONFIG_MAY_IMPORT):
-                problems.append(f"{where}: config imports nothing of ours but {', '.join(sorted(CONFIG_MAY_IMPORT))}")
-            elif theirs in FORBIDDEN.get(layer, set()):
-                problems.append(f"{where}: {layer} must not import {theirs}")
-            elif theirs == "flows" and layer not in ("flows", "cli"):
-                problems.append(f"{where}: only the CLI imports flows")
+            named = _within(name, rule.named)
+            if rule.everything and named is None:
+                but = f" but {', '.join(sorted(rule.named))}" if rule.named else ""
+                problems.append(f"{where}:{line} imports {name}: {layer} imports nothing of ours{but}")
+            elif not rule.everything and named is not None:
+                problems.append(f"{where}:{line} imports {name}: {layer} must not import {named}")
     return problems
 
 
 def test_the_package_keeps_its_import_rules():
     assert layer_violations(PACKAGE) == []
+
+
+def test_the_table_states_the_rules_written_under_it():
+    """The bullets under the table follow from it: algo imports nothing of ours, only tasks,
+    flows and the CLI import Prefect, nothing but the CLI (and flows) imports flows."""
+    assert RULES["algo"] == Rule(frozenset(), everything=True, prefect=True)
+    assert {layer for layer, rule in RULES.items() if not rule.prefect} == {"tasks", "flows", "cli"}
+    may_import_flows = {layer for layer, r in RULES.items() if layer == "flows" or r.everything == ("flows" in r.named)}
+    assert may_import_flows == {"flows", "cli"}
+    assert {"envs", "models", "agent", "storage"} <= RULES.keys()
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -100,26 +152,32 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
             "algo/rewards.py": "from . import advantages\nfrom ..envs import base\n",
             "envs/textworld.py": "def f():\n    from rlanything.models.loading import cache_dir\n",
             "storage/buffer.py": "from prefect import task\nfrom rlanything.algo import curriculum\n",
-            "models/adaptation.py": "from rlanything import flows\n",
+            "storage/layout.py": "",
+            "models/adaptation.py": "from rlanything import flows\nfrom rlanything.envs.base import env_class\n",
             "reports/iteration.py": "import rlanything.tasks.common\n",
-            "config.py": "from rlanything.storage.layout import STEPS\nfrom rlanything.models import engine\n",
+            "config.py": "from rlanything.storage.layout import STEPS\nfrom rlanything.models import engine\n"
+            "from rlanything.storage import layout, buffer\n",
             "tasks/common.py": "import prefect\nfrom rlanything.flows.runlock import run_lock\n",
             "flows/iteration.py": "import prefect\nfrom rlanything.flows import steps\nfrom rlanything.tasks import common\n",
             "cli.py": "from rlanything.flows import training\n",
+            "sampling.py": "",
         },
     )
     found = layer_violations(package)
     expected = [
-        "rlanything/algo/advantages.py:2 imports rlanything.storage: algo imports nothing of ours",
+        "rlanything/algo/advantages.py:2 imports rlanything.storage.layout: algo imports nothing of ours",
         "rlanything/algo/rewards.py:2 imports rlanything.envs: algo imports nothing of ours",
-        "rlanything/config.py:2 imports rlanything.models: config imports nothing of ours but rlanything.envs.kinds, rlanything.plugins, rlanything.storage.layout",
         "rlanything/envs/textworld.py:2 imports rlanything.models.loading: envs must not import models",
+        "rlanything/storage/buffer.py:1 imports prefect: storage must not import Prefect",
         "rlanything/models/adaptation.py:1 imports rlanything.flows: models must not import flows",
+        "rlanything/models/adaptation.py:2 imports rlanything.envs.base: models must not import envs",
         "rlanything/reports/iteration.py:1 imports rlanything.tasks.common: reports must not import tasks",
-        "rlanything/storage/buffer.py:1 imports prefect: only tasks, flows and the CLI import prefect",
+        "rlanything/config.py:2 imports rlanything.models: config imports nothing of ours but environment, plugins, storage.layout",
+        "rlanything/config.py:3 imports rlanything.storage.buffer: config imports nothing of ours but environment, plugins, storage.layout",
         "rlanything/tasks/common.py:2 imports rlanything.flows.runlock: tasks must not import flows",
+        "rlanything/sampling.py: layer sampling has no row in the layer table",
     ]
-    assert found == expected
+    assert sorted(found) == sorted(expected)
 
 
 # ---------------------------------------------------------------- no import cycle
@@ -260,7 +318,7 @@ LIBRARY_MODULES = [
     "rlanything.agent.rollout",
     "rlanything.algo.samples",
     "rlanything.storage.artifacts",
-    "rlanything.models.adapt_tasks",
+    "rlanything.agent.adapt_tasks",
     "rlanything.reports.iteration",
 ]
 

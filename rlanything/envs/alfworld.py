@@ -34,7 +34,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlanything.envs.kinds import ALFWORLD_TASK_TYPES
+from rlanything.environment import ALFWORLD_TASK_TYPES
 from rlanything.envs.textgame import TextGameEnv, observation, parse_json_box, tidy
 from rlanything.seeding import slot_seed
 

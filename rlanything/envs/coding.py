@@ -45,7 +45,8 @@ answer is empty: the judge does not see the tests' results.
 
 Untrusted code runs only through `rlanything.envs.sandbox` (limits from `env.options.sandbox`):
 bubblewrap, or, where it cannot run, nothing at all (the environment refuses to start) unless
-`env.options.sandbox.isolation` is `weak` (counted by the metric verify/sandbox_weak_runs).
+`env.options.sandbox.isolation` is `weak` (`env.sandbox_runs` counts the programs by isolation;
+the metric verify/sandbox_weak_runs adds up the weak ones of a verify step).
 
 Task adaptation: the environment model writes a new problem (prompt, tests and a reference
 solution as JSON in \boxed{}); it is accepted only if the reference passes all its tests in the
@@ -57,6 +58,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import collections
 import functools
 import gzip
 import io
@@ -69,7 +71,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlanything.envs.base import Environment, StepResult
-from rlanything.envs.sandbox import Limits, checked_runtime, run_tests
+from rlanything.envs.sandbox import checked_runtime, run_tests
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
@@ -322,25 +324,16 @@ def solution_program(problem: dict[str, Any], answer: str) -> str:
     return candidates[0]  # fails in the sandbox like any broken program
 
 
-def limits_of(config: EnvConfig) -> Limits:
-    box = config.options.sandbox
-    return Limits(
-        timeout_s=box.timeout_s,
-        memory_mb=box.memory_mb,
-        max_file_mb=box.max_file_mb,
-        max_processes=box.max_processes,
-        disk_mb=box.disk_mb,
-        isolation=box.isolation,
-    )
-
-
-def score_solution(config: EnvConfig, spec: dict[str, Any], answer: str | None) -> list[bool]:
-    """Pass/fail of `answer` on each ground-truth test of the spec's problem (all False for None)."""
+def score_solution(
+    config: EnvConfig, spec: dict[str, Any], answer: str | None, runs: collections.Counter[str] | None = None
+) -> list[bool]:
+    """Pass/fail of `answer` on each ground-truth test of the spec's problem (all False for None);
+    `runs`, when given, counts the programs run, by isolation (`sandbox.run_tests`)."""
     problem = load_problem(spec)
     if answer is None:
         return [False] * len(problem["tests"])
     program = solution_program(problem, answer)
-    return run_tests(program, problem["tests"], setup=problem["setup"], limits=limits_of(config))
+    return run_tests(program, problem["tests"], setup=problem["setup"], limits=config.options.sandbox, runs=runs)
 
 
 class CodingEnv(Environment):
@@ -349,11 +342,14 @@ class CodingEnv(Environment):
 
     def __init__(self, config: EnvConfig) -> None:
         self.config = config
-        checked_runtime(limits_of(config))  # no bubblewrap and no `isolation: weak`: fail now, clearly
+        checked_runtime(config.options.sandbox)  # no bubblewrap and no `isolation: weak`: fail now, clearly
         self._spec: dict[str, Any] | None = None
         self._answer: str | None = None
         self.test_results: list[bool] | None = None
         """Per-test pass/fail of the last `outcome()` (the pass matrix row of this answer)."""
+        self.sandbox_runs: collections.Counter[str] = collections.Counter()
+        """Programs this environment's `outcome()` calls ran, by isolation ("bubblewrap" or
+        "weak"): the verify step adds up the weak ones (metric verify/sandbox_weak_runs)."""
 
     def reset(self, spec: dict[str, Any]) -> str:
         problem = load_problem(spec)
@@ -367,7 +363,7 @@ class CodingEnv(Environment):
     def outcome(self) -> int:
         if self._spec is None:
             return -1
-        self.test_results = score_solution(self.config, self._spec, self._answer)
+        self.test_results = score_solution(self.config, self._spec, self._answer, self.sandbox_runs)
         return 1 if self.test_results and all(self.test_results) else -1
 
     def close(self) -> None:

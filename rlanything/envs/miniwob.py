@@ -75,7 +75,7 @@ from rlanything.seeding import slot_seed
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
-    from rlanything.envs.kinds import MiniWoBOptions
+    from rlanything.environment import MiniWoBOptions
 
 TASK_WIDTH, TASK_HEIGHT = 160, 210  # MiniWoB's task area, top-left of the page (CSS px)
 

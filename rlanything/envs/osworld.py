@@ -50,7 +50,7 @@ from rlanything.envs.base import Environment, StepResult
 
 if TYPE_CHECKING:
     from rlanything.config import EnvConfig
-    from rlanything.envs.kinds import OSWorldOptions
+    from rlanything.environment import OSWorldOptions
 
 SPECIAL = ("WAIT", "DONE", "FAIL")
 MAX_VARIANTS = 8  # sibling examples offered to the environment model

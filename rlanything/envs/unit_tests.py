@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from rlanything.algo.parsing import extract_last_boxed
-from rlanything.envs.coding import limits_of, load_problem, solution_program, strip_fence
+from rlanything.envs.coding import load_problem, solution_program, strip_fence
 from rlanything.envs.sandbox import run_tests
 
 MAX_TEST_CHARS = 4000  # a longer "test" is a dump, not a test
@@ -65,6 +65,15 @@ def unit_test_request(problem: dict[str, Any]) -> str:
         "checks the exact result a correct implementation returns. Think briefly, then give only the assert "
         f"inside \\boxed{{}}, for example \\boxed{{assert {name}(...) == ...}}."
     )
+
+
+def unit_test_form(spec: dict[str, Any]) -> tuple[str, str, tuple[str, str]]:
+    """A coding problem's spec -> (style, request, example): the form of the test the RM writes
+    for it (`style_of`), the RM's user message (`unit_test_request`) and a solved request of that
+    form (`unit_test_example`)."""
+    problem = load_problem(spec)
+    style = style_of(problem)
+    return style, unit_test_request(problem), unit_test_example(style)
 
 
 # One solved request per form, shown to the RM as an earlier chat turn (its problem is none of
@@ -148,7 +157,7 @@ def pass_matrix(env_config, spec: dict[str, Any], tests: list[dict | None], answ
     -> (K, S) bool: test k passes on solution s. Unparsed tests and missing answers are False
     without running anything."""
     problem = load_problem(spec)
-    limits = limits_of(env_config)
+    limits = env_config.options.sandbox
     programs = [solution_program(problem, a) if isinstance(a, str) else None for a in answers]
     matrix = np.zeros((len(tests), len(answers)), dtype=bool)
     jobs = [(k, s) for k, test in enumerate(tests) if test is not None for s, p in enumerate(programs) if p]

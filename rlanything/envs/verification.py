@@ -13,10 +13,12 @@ reach the reward.
 
 from __future__ import annotations
 
+import collections
 import json
 
 import pandas as pd
 
+from rlanything.environment import runs_code
 from rlanything.envs.base import env_class, make_env, optional, replayable, step_labels
 
 TEST_COUNTS = ("tests_passed", "tests_total")  # null for environments without ground-truth tests
@@ -28,9 +30,12 @@ def replay_outcome(env_config, spec: dict, actions: list[str | None]) -> int:
     return replay(env_config, spec, actions)[0]
 
 
-def replay(env_config, spec: dict, actions: list[str | None]) -> tuple[int, list[bool] | None]:
+def replay(
+    env_config, spec: dict, actions: list[str | None], sandbox_runs: collections.Counter[str] | None = None
+) -> tuple[int, list[bool] | None]:
     """`replay_outcome`, with the per-test results of environments that keep them in
-    `test_results` (coding; None for the others)."""
+    `test_results` (coding; None for the others). `sandbox_runs`, when given, adds the programs
+    an environment that runs code (`runs_code`) ran in the sandbox, by isolation."""
     env = make_env(env_config)
     try:
         env.reset(spec)
@@ -39,16 +44,25 @@ def replay(env_config, spec: dict, actions: list[str | None]) -> tuple[int, list
         outcome = env.outcome()
         return outcome, optional(env, "test_results")
     finally:
+        if sandbox_runs is not None and runs_code(env_config.kind):  # those of a failed outcome() too
+            sandbox_runs.update(env.sandbox_runs)
         env.close()
 
 
-def verify_episode(env_config, episode: dict, spec: str, actions: list[str | None]) -> dict:
+def verify_episode(
+    env_config,
+    episode: dict,
+    spec: str,
+    actions: list[str | None],
+    sandbox_runs: collections.Counter[str] | None = None,
+) -> dict:
     """One outcomes.parquet row from an episodes.parquet row (`spec` as JSON, `actions` in step
     order): a finished episode is replayed in a fresh environment and its verifier asked, or,
     for environments that cannot be replayed, the verdict taken at the end of the live episode
     is kept; hitting the step cap is a failure without asking; an environment error is invalid.
     A verifier that raises makes the row invalid with the error recorded, never a silent -1.
-    tests_passed / tests_total: the ground-truth tests of a replayed coding trajectory, else None."""
+    tests_passed / tests_total: the ground-truth tests of a replayed coding trajectory, else None.
+    `sandbox_runs`: see `replay`."""
     outcome, valid, error = -1, episode["termination"] != "env_error", episode["error"]
     tests = None
     verified_by = "step_cap" if episode["termination"] == "max_steps" else episode["termination"]
@@ -61,7 +75,7 @@ def verify_episode(env_config, episode: dict, spec: str, actions: list[str | Non
     elif episode["termination"] == "done":
         verified_by = "replay"
         try:
-            outcome, tests = replay(env_config, json.loads(spec), actions)
+            outcome, tests = replay(env_config, json.loads(spec), actions, sandbox_runs)
         except Exception as err:  # a crashing verifier is recorded, never a silent -1
             valid, error = False, f"verifier: {type(err).__name__}: {err}"
     ids = {k: v for k, v in episode.items() if k in OUTCOME_IDS}

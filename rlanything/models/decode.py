@@ -252,13 +252,11 @@ class Decoder:
     def _forced(self, row: Row, logits: torch.Tensor) -> tuple[int, float]:
         """A Choice's next token for `row` and its log-prob under T, deciding the option right
         after the opener: the first option whose cumulative renormalised probability (of its
-        first token) exceeds the row's last uniform; for {1, -1}: 1 iff u < p(1)."""
+        first token) exceeds the row's last uniform (`Choice.pick`); for {1, -1}: 1 iff u < p(1)."""
         scaled = torch.log_softmax(logits.float() / (self.temperature or 1.0), -1)
         if not row.forced and row.choice is None:
             firsts = torch.stack([scaled[option[0]] for option in self.choice.options.values()])
-            cdf = torch.softmax(firsts, 0).cumsum(0)
-            pick = int(torch.searchsorted(cdf, row.noise[-1:].to(cdf), right=True).clamp(max=len(cdf) - 1))
-            row.choice = list(self.choice.options)[pick]
+            row.choice = self.choice.pick(firsts, row.noise[-1])
             row.forced = list(self.choice.options[row.choice]) + list(self.choice.closer)
         token = row.forced.pop(0)
         return token, float(scaled[token])

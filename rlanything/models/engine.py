@@ -5,7 +5,9 @@
 one from a config section. Log-probs are those of the temperature-scaled distribution
 (log_softmax(logits / T)), without top-p truncation, computed from the same forward pass that
 sampled the token; the trainer computes new log-probs the same way (`response_logprobs`), so PPO
-ratios compare like with like (measured here: same precision, same code path). Generation checks
+ratios compare like with like (measured here: same precision, same code path). Where a batch's KV
+comes from (rows kept from an earlier call, one prefix-tree forward, or a plain prefill) is
+models/kv_planner.py's; the decode loop is models/decode.py's. Generation checks
 for a stop request (`rlanything.stopping`) before each batch and at every decoding step, scoring
 before each batch: Ctrl-C ends a step within one forward.
 """
@@ -21,9 +23,10 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessor, Logits
 from rlanything import stopping
 from rlanything.algo.losses import token_logprobs
 from rlanything.models.decode import Decoder, full_attention, kv_bytes_per_token, positions
-from rlanything.models.generation import Generation, PrefixCache, eos_ids, finish, left_pad
-from rlanything.models.packing import PrefixTree, pack, packed_response_logprobs, tree_inputs
-from rlanything.models.prefix_attention import SharedPrefix, forward, shared_prefix_attention
+from rlanything.models.generation import Generation, eos_ids, finish, left_pad
+from rlanything.models.kv_planner import KvPlanner
+from rlanything.models.packing import packed_response_logprobs
+from rlanything.models.prefix_attention import SharedPrefix, shared_prefix_attention
 
 MIN_SHARED = 8  # a call's prompts sharing fewer leading tokens decode without a SharedPrefix
 
@@ -109,7 +112,7 @@ class TransformersEngine:
         keep_bytes: float = float("inf"),
     ):
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
-        self.keep_bytes = keep_bytes  # KV a PrefixCache may hold (config: kv_reuse_gb)
+        self.kv = KvPlanner(model, tokenizer.pad_token_id, keep_bytes)  # keep_bytes: config kv_reuse_gb
         self.weights = weights  # the folder the model was loaded from (recorded with every sample)
         self.on_batch = on_batch or (lambda n: None)
         self.eos_ids = eos_ids(model.generation_config.eos_token_id, tokenizer)
@@ -140,7 +143,8 @@ class TransformersEngine:
 
     @property
     def decodes_choices(self) -> bool:
-        """Whether `generate` takes a `Choice` (not for sliding-window models)."""
+        """Whether `generate` decodes a `Choice` in its pass: the continuous decoder does,
+        `model.generate`'s fixed batches (sliding-window models) do not."""
         return self.continuous
 
     @torch.no_grad()
@@ -150,6 +154,8 @@ class TransformersEngine:
         `choice`: a `Choice` appended to every row in the same pass. Models with sliding-window
         layers decode in fixed batches with `model.generate`."""
         if not self.continuous:
+            if choice is not None:
+                raise ValueError("sliding-window models decode no Choice (decodes_choices is False)")
             return self._generate_fixed(prompts, max_new_tokens, temperature, top_p, seed)
         if max_new_tokens == 0 and choice is None:
             return [Generation([], [], "", "length") for _ in prompts]
@@ -170,7 +176,7 @@ class TransformersEngine:
             if pending and (free >= max(1, rows // 4) or not decoder.live):
                 take, pending = pending[:free], pending[free:]
                 batch = [prompts[i] for i in take]
-                ended = decoder.admit(take, *self._prefill(batch, prefix_cache, kept, decoder.prefix))
+                ended = decoder.admit(take, *self.kv.prefill(batch, prefix_cache, kept, decoder.prefix))
             else:
                 ended = decoder.step()
             for slot in ended:
@@ -182,7 +188,7 @@ class TransformersEngine:
                     reason = "stop" if row.stopped else "length"
                     results[row.index] = Generation(row.tokens, row.logprobs, text, reason, row.choice)
                 if prefix_cache is not None:
-                    kept += self._keep_row(decoder, slot, prompts[row.index] + row.tokens, kept)
+                    kept += self.kv.keep_row(decoder, slot, prompts[row.index] + row.tokens, kept)
             self.on_batch(len(ended))
         if prefix_cache is not None:
             prefix_cache.rows = kept
@@ -201,45 +207,6 @@ class TransformersEngine:
         ids = torch.tensor([shortest[:n]], device=self.model.device)
         self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         return SharedPrefix([layer.keys[0] for layer in cache.layers], [layer.values[0] for layer in cache.layers])
-
-    def _prefill(self, batch: list[list[int]], prefix_cache: PrefixCache | None, kept: list, prefix=None):
-        """-> (ids, attn, cache) for a batch of prompts joining the decode, past the `prefix`
-        (SharedPrefix) if any: the cache holds the KV of the first columns, from rows kept by the
-        last call or this one (`_reuse`) or from one forward over the prompts' prefix trees
-        (`_tree_prefill`), whichever feeds fewer tokens; None where neither saves work."""
-        start = prefix.length if prefix is not None else 0
-        trees, groups = pack([p[start:-1] for p in batch])  # the prefill the decode would run
-        tree_cost = len(trees) * max(len(t.tokens) for t in trees)
-        if prefix_cache is not None:  # rows of the last call and of this call's earlier rows
-            source = PrefixCache(prefix_cache.rows + kept)
-            match = source.match(batch)
-            # a batch fed on top of kept rows pads every row to the longest unmatched part:
-            # reuse only where that feeds fewer tokens than the tree prefill (+ each last token)
-            rest = max(len(p) - max(k, start) for p, (_, k) in zip(batch, match))
-            reused = self._reuse(batch, source, match, start) if len(batch) * (rest - 1) < tree_cost else None
-            prefix_cache.prompt_tokens += sum(map(len, batch))
-            prefix_cache.reused_tokens += sum(k for _, k in match) if reused is not None else 0
-            if reused is not None:
-                cache, ids, attn = reused
-                return ids, attn, cache
-        ids, attn = left_pad([p[start:] for p in batch], self.pad_id)
-        ids, attn = ids.to(self.model.device), attn.to(self.model.device)
-        cache = None
-        if tree_cost < len(batch) * (ids.shape[1] - 1):  # some prefix repeats
-            cache = self._tree_prefill(trees, groups, ids.shape[1] - 1, prefix)
-        return ids, attn, cache
-
-    def _keep_row(self, decoder: Decoder, slot: int, tokens: list[int], kept: list) -> list:
-        """[(tokens, keys, values)] of an ended row for `PrefixCache.rows`, or [] past the
-        byte budget (`keep_bytes`, with the rows already kept). Its last sampled token was never
-        fed: the row keeps the tokens its KV covers."""
-        columns = decoder.offset + int(decoder.attn[slot].sum())  # what row_kv would copy
-        size = columns * kv_bytes_per_token(self.model.config, decoder.cache.layers[0].keys.element_size())
-        if sum(k.nbytes + v.nbytes for _, k, v in kept) + size > self.keep_bytes:
-            return []  # checked before the copy: with kv_reuse_gb 0 no row is copied
-        keys, values = decoder.row_kv(slot)
-        n = min(keys.shape[2], len(tokens))
-        return [(tokens[:n], keys[:, :, :n], values[:, :, :n])]
 
     def _generate_fixed(self, prompts, max_new_tokens, temperature, top_p, seed):
         """Fixed batches through `model.generate` (sliding-window caches): `batch_size` prompts
@@ -272,75 +239,6 @@ class TransformersEngine:
             self.on_batch(len(idx))
         return results
 
-    def _reuse(self, batch: list[list[int]], prefix_cache: PrefixCache, match: list[tuple[int, int]], start=0):
-        """-> (cache, ids, attn) for a batch whose sequences extend rows of `prefix_cache` by
-        `match` ((row, reused tokens) per sequence), or None when none does; the first `start`
-        tokens of every sequence left out (a SharedPrefix holds them). Row n's reused KV
-        is right-aligned in the first K columns and the rest of its sequence left-padded in the
-        last S: pad columns between the two are masked out and position ids follow the mask (as
-        generate computes them), so the model sees each sequence at the positions it would have
-        without reuse."""
-        match = [(row, max(k, start) - start) for row, k in match]  # reused tokens past `start`
-        batch = [p[start:] for p in batch]
-        if not any(k for _, k in match):
-            return None
-        reused = max(k for _, k in match)
-        rest = max(len(p) - k for p, (_, k) in zip(batch, match))
-        ids = torch.full((len(batch), reused + rest), self.pad_id, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        _, keys0, _ = prefix_cache.rows[0]
-        layers, heads, _, dim = keys0.shape
-        keys = keys0.new_zeros((layers, len(batch), heads, reused, dim))
-        values = torch.zeros_like(keys)
-        for n, (prompt, (row, k)) in enumerate(zip(batch, match)):
-            ids[n, reused - k : reused] = torch.tensor(prompt[:k], dtype=torch.long)
-            ids[n, ids.shape[1] - (len(prompt) - k) :] = torch.tensor(prompt[k:], dtype=torch.long)
-            attn[n, reused - k : reused] = 1
-            attn[n, ids.shape[1] - (len(prompt) - k) :] = 1
-            if k:
-                _, row_keys, row_values = prefix_cache.rows[row]
-                keys[:, n, :, reused - k :] = row_keys[:, :, start : start + k]
-                values[:, n, :, reused - k :] = row_values[:, :, start : start + k]
-        cache = DynamicCache(config=self.model.config)
-        for layer in range(layers):
-            cache.update(keys[layer], values[layer], layer)
-        return cache, ids.to(self.model.device), attn.to(self.model.device)
-
-    def _tree_prefill(
-        self, trees: list[PrefixTree], groups: list[list[int]], width: int, prefix: SharedPrefix | None = None
-    ) -> DynamicCache:
-        """KV cache of every prompt but its last token, each distinct prefix computed once, laid
-        out as left-padded rows (B, width columns): the decoder's admission forward then feeds
-        only the last prompt token. Full-attention models only (the continuous path). With a
-        `prefix`, the trees hold what follows it and attend to it.
-
-        The G rollouts of a problem and the m judgments of a step repeat their prompt, and all
-        judge prompts share their instructions: a forward over the prompts' prefix trees
-        (`models.packing`) runs each shared token once, then each row gathers its path's KV.
-        trees, groups: `packing.pack` of the batch's prompts without their last token."""
-        ids, pos, mask = tree_inputs(trees, self.pad_id)
-        device = self.model.device
-        packed = DynamicCache(config=self.model.config)
-        inputs = dict(input_ids=ids.to(device), attention_mask=mask.to(device), cache=packed, use_cache=True)
-        forward(self.model, prefix, pos.to(device), logits_to_keep=1, **inputs)
-        nodes = ids.shape[1]
-        pad_node = len(trees) * nodes  # an all-zero node for the pad columns (masked)
-        index = torch.full((sum(map(len, groups)), width), pad_node, dtype=torch.long)
-        for t, (tree, group) in enumerate(zip(trees, groups)):
-            for row, path in zip(group, tree.paths):
-                if path:
-                    index[row, width - len(path) :] = torch.tensor(path) + t * nodes
-        index = index.to(device)
-        cache = DynamicCache(config=self.model.config)
-        for n, layer in enumerate(packed.layers):
-            gathered = []
-            for kv in (layer.keys, layer.values):  # (trees, heads, nodes, dim) -> (rows, heads, width, dim)
-                flat = kv.transpose(0, 1).reshape(kv.shape[1], -1, kv.shape[3])
-                flat = torch.cat([flat, flat.new_zeros(flat.shape[0], 1, flat.shape[2])], 1)
-                gathered.append(flat[:, index].transpose(0, 1).contiguous())
-            cache.update(gathered[0], gathered[1], n)
-        return cache
-
     @torch.no_grad()
     def score(self, prompts, continuations, *, temperature, prefix_cache=None):
         out: list[list[float] | None] = [None] * len(prompts)
@@ -348,13 +246,7 @@ class TransformersEngine:
             stopping.check()
             seqs = [prompts[i] + continuations[i] for i in idx]
             lens = [len(continuations[i]) for i in idx]
-            reused = None
-            if prefix_cache is not None and prefix_cache.rows:
-                match = prefix_cache.match([prompts[i] for i in idx])
-                trees, _ = pack(seqs)
-                rest = max(len(q) - k for q, (_, k) in zip(seqs, match))
-                if len(seqs) * rest < len(trees) * max(len(t.tokens) for t in trees):
-                    reused = self._reuse(seqs, prefix_cache, match)
+            reused = self.kv.scoring(seqs, [prompts[i] for i in idx], prefix_cache)
             if reused is None:  # shared prefixes (the m judgments of a step, both verdicts) run once
                 logprobs, _ = packed_response_logprobs(self.model, seqs, lens, self.pad_id, temperature)
             else:  # only the prompts' unseen tokens and the continuations go through the model

@@ -42,6 +42,19 @@ class Choice:
     options: dict[int, list[int]]
     closer: list[int]
 
+    def pick(self, first_logprobs: torch.Tensor, u: float | torch.Tensor) -> int:
+        """The option drawn with the uniform `u`: the first option (in `options`' order) whose
+        cumulative probability, renormalised over the options, exceeds u; for {1, -1}: 1 iff
+        u < p(1) / (p(1) + p(-1)). The one verdict rule: the engine that decodes a Choice draws u
+        from the row's noise stream (models/decode.py), the judge's fallback from its own
+        `random.Random(seed)` (models/judge.py).
+        first_logprobs (K,): each option's first token's log-prob under temperature T, in
+        `options`' order; computed in their dtype. Example: log [0.2, 0.6] -> [0.25, 0.75]
+        renormalised; u 0.1 -> the first option, u 0.3 -> the second."""
+        cdf = torch.softmax(first_logprobs, 0).cumsum(0)
+        u = torch.as_tensor(u).reshape(1).to(cdf)
+        return list(self.options)[int(torch.searchsorted(cdf, u, right=True).clamp(max=len(cdf) - 1))]
+
 
 @dataclass
 class PrefixCache:
@@ -101,6 +114,12 @@ class GenerationEngine(Protocol):
         that sample record it with every sample (`weights_label`)."""
         ...
 
+    @property
+    def decodes_choices(self) -> bool:
+        """Whether `generate` decodes a `Choice` in its own pass. False: `generate` refuses a
+        choice, and the judge scores the options after the generation instead (`score`)."""
+        ...
+
     def generate(
         self,
         prompts: list[list[int]],
@@ -110,11 +129,13 @@ class GenerationEngine(Protocol):
         top_p: float,
         seed: int,
         prefix_cache: PrefixCache | None = None,
+        choice: Choice | None = None,
     ) -> list[Generation]:
         """One `Generation` per prompt (token ids in; token ids and the log-prob of each under
         log_softmax(logits / T), without top-p truncation, out); the same `seed` repeats the
         samples. `prefix_cache`: the caller's KV of its last call (engines that cache prefixes
-        themselves ignore it)."""
+        themselves ignore it). `choice`: a `Choice` appended to every generation, its option in
+        `Generation.choice` (engines with `decodes_choices` only; the others raise ValueError)."""
         ...
 
     def score(

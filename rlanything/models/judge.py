@@ -8,41 +8,23 @@ Two verdict modes:
   probabilities of the token sequences "1" and "-1" (renormalised over the two), then `}`.
   The appended tokens are part of the response with the model's log-probs, so the RM update
   trains them like any other token; parse failures cannot happen. With no reasoning budget
-  (rm.max_new_tokens 0) the verdict follows the prompt directly. The transformers engine appends
-  the verdict in the generation pass itself (a `Choice`: an EOS gives way to "\\boxed{", the
-  option is drawn from the row's own noise stream); engines that cannot (vLLM) score both
-  options after the reasoning instead (`_constrained_verdicts`).
+  (rm.max_new_tokens 0) the verdict follows the prompt directly. Engines with `decodes_choices`
+  (the transformers engine) append the verdict in the generation pass itself (a `Choice`: an EOS
+  gives way to "\\boxed{", the option's uniform drawn from the row's own noise stream); engines
+  that cannot (vLLM) score both options after the reasoning instead (`_constrained_verdicts`,
+  uniforms from `random.Random(seed)`). Both draw the verdict with the one rule, `Choice.pick`.
 """
 
 from __future__ import annotations
 
-import math
 import random
 from typing import Any
 
+import torch
+
 from rlanything.algo.parsing import extract_last_boxed, parse_step_score
-from rlanything.envs import env_class
 from rlanything.models.generation import Choice, Generation, GenerationEngine, PrefixCache
 from rlanything.models.prompts import judge_messages, render, unit_test_messages
-
-
-def judge_as_configured(engine, tokenizer, steps, config, seed: int, prefix_cache=None) -> list[dict]:
-    """`judge_steps` as a run judges: `config.rm`'s settings and the judge hint of `config.env`'s
-    kind (the rm_score step, the held-out evaluation, benchmarks/rm_scoring.py --replay)."""
-    rm = config.rm
-    return judge_steps(
-        engine,
-        tokenizer,
-        steps,
-        judgments_per_step=rm.judgments_per_step,
-        verdict=rm.verdict,
-        max_new_tokens=rm.max_new_tokens,
-        temperature=rm.temperature,
-        top_p=rm.top_p,
-        seed=seed,
-        hint=env_class(config.env.kind).judge_hint,
-        prefix_cache=prefix_cache,
-    )
 
 
 def _judge_prompt(tokenizer, step: dict[str, Any], hint: str) -> tuple[str, list[int]]:
@@ -77,7 +59,7 @@ def judge_steps(
     if verdict not in ("free", "constrained"):
         raise ValueError(f"unknown verdict mode {verdict!r}")
     choice = verdict_choice(tokenizer) if verdict == "constrained" else None
-    in_pass = choice is not None and getattr(engine, "decodes_choices", False)
+    in_pass = choice is not None and engine.decodes_choices
     if max_new_tokens == 0 and choice is not None and not in_pass:  # a direct verdict: nothing to decode
         gens = [Generation([], [], "", "length") for _ in jobs]
     else:
@@ -88,11 +70,11 @@ def judge_steps(
             top_p=top_p,
             seed=seed,
             prefix_cache=cache,
-            **({"choice": choice} if in_pass else {}),
+            choice=choice if in_pass else None,
         )
     if in_pass:
         verdicts = [_decoded_verdict(tokenizer, gen, choice) for gen in gens]
-    elif choice is not None:  # engines without `decodes_choices`: both options scored afterwards
+    elif choice is not None:  # engines without `decodes_choices`: the options scored afterwards
         verdicts = _constrained_verdicts(engine, tokenizer, choice, job_prompts, gens, temperature, seed, cache)
     rows = []
     for n, ((k, j), gen) in enumerate(zip(jobs, gens)):
@@ -187,28 +169,28 @@ def _verdict(reasoning: str, response_ids: list[int], logprobs: list[float], sco
 def _constrained_verdicts(
     engine, tokenizer, choice: Choice, prompts, gens, temperature: float, seed: int, cache: PrefixCache
 ) -> list[tuple]:
-    """For each reasoning, sample ±1 from p("1") vs p("-1") after an appended "\\boxed{" (engines
-    that cannot decode a `Choice` in the generation pass: vLLM): both options scored afterwards."""
+    """For each reasoning, draw the verdict from the options' first-token probabilities after an
+    appended "\\boxed{" (`Choice.pick`, its uniforms from `random.Random(seed)`), for engines
+    that cannot decode a `Choice` in the generation pass (vLLM): every option scored afterwards."""
     opener, closer, options = choice.opener, choice.closer, choice.options
     reasoning_ids = [[t for t in g.token_ids if t not in engine.eos_ids] for g in gens]
     contexts, continuations = [], []
     for prompt, ids in zip(prompts, reasoning_ids):
-        for score in (1, -1):
+        for tokens in options.values():
             contexts.append(prompt + ids)
-            continuations.append(opener + options[score] + closer)
+            continuations.append(opener + tokens + closer)
     scored = engine.score(contexts, continuations, temperature=temperature, prefix_cache=cache)
     rng = random.Random(seed)
     out = []
     for n, (gen, ids) in enumerate(zip(gens, reasoning_ids)):
-        # Next-token probabilities right after "\boxed{", restricted to the first tokens of
-        # "1" and "-1" ("1" vs "-" with SmolLM2's tokenizer); the rest of the verdict is forced.
-        # Comparing whole-sequence probabilities instead would favour the shorter spelling.
-        lp_pos, lp_neg = scored[2 * n][len(opener)], scored[2 * n + 1][len(opener)]
-        p_pos = 1.0 / (1.0 + math.exp(lp_neg - lp_pos))
-        score = 1 if rng.random() < p_pos else -1
-        tail = continuations[2 * n + (score == -1)]
-        tail_lp = scored[2 * n + (score == -1)]
+        # Next-token probabilities right after "\boxed{", restricted to the options' first tokens
+        # ("1" vs "-" with SmolLM2's tokenizer); the rest of the verdict is forced. Comparing
+        # whole-sequence probabilities instead would favour the shorter spelling.
+        rows = range(len(options) * n, len(options) * (n + 1))  # this reasoning's scored options
+        firsts = torch.tensor([scored[r][len(opener)] for r in rows], dtype=torch.float64)
+        score = choice.pick(firsts, rng.random())
+        picked = rows[list(options).index(score)]
         reasoning = tokenizer.decode(ids, skip_special_tokens=True)
-        logprobs = gen.logprobs[: len(ids)] + tail_lp
-        out.append(_verdict(reasoning, ids + tail, logprobs, score))
+        logprobs = gen.logprobs[: len(ids)] + scored[picked]
+        out.append(_verdict(reasoning, ids + continuations[picked], logprobs, score))
     return out

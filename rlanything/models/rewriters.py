@@ -1,5 +1,5 @@
 """What step 7's rewriters write: the critic summary of a task's failures, and the task's rewrite.
-Which tasks are rewritten and which rewrites are kept is decided in models/adapt_tasks.py.
+Which tasks are rewritten and which rewrites are kept is decided in agent/adapt_tasks.py.
 
 Critic summary (docs/method.md): for each failed trajectory, the steps that all m judgments
 scored −1, with the RM's reasoning there. `extractive_summary` lists them verbatim (short);

@@ -12,6 +12,8 @@ vllm.entrypoints.openai.api_server` from the configured python (or uses a server
   log_softmax(logits / T) — the convention of `TransformersEngine` and the trainer. vLLM's
   processed log-probs also include top-p/top-k truncation, ours do not: the engine refuses
   top_p < 1 rather than record log-probs the trainer cannot reproduce.
+* choices: none in the generation pass (`decodes_choices` False: a completion request cannot
+  draw an option from its own probabilities mid-sequence); the judge scores the options after.
 * score: `prompt_logprobs: 0` on prompt + continuation. vLLM computes prompt log-probs from
   the raw logits (no temperature), so score() supports temperature 1 only (the constrained
   verdict mode at another temperature needs the transformers engine; config validation says so).
@@ -197,6 +199,11 @@ class VllmEngine:
         """The checkpoint folder whose weights produced (and will produce) the samples."""
         return str(self.server.model_dir)
 
+    @property
+    def decodes_choices(self) -> bool:
+        """False: a `Choice` is not decoded in the pass (the judge scores its options after)."""
+        return False
+
     def _post(self, body: dict) -> dict:
         response = self.server.http.post("/v1/completions", json={"model": SERVED_NAME, **body})
         if response.status_code != 200:
@@ -207,8 +214,10 @@ class VllmEngine:
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             return list(pool.map(fn, items))
 
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed, prefix_cache=None):
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed, prefix_cache=None, choice=None):
         # prefix_cache is not needed: the server caches prefixes itself (vLLM's automatic prefix caching)
+        if choice is not None:
+            raise ValueError("the vLLM engine decodes no Choice (decodes_choices is False)")
         if top_p < 1.0:
             raise ValueError("the vLLM engine records log-probs without top-p truncation only for top_p = 1")
 

@@ -3,7 +3,7 @@
 Snapshot `tasks/vNNNN.parquet` is the buffer as iteration NNNN starts; `adapt_tasks` of
 iteration N writes v(N+1). This module only reads, writes and edits the frame; which rewrite
 is accepted is decided in `algo/curriculum.py`, the adaptation itself in
-`models/adapt_tasks.py`. Statuses: active (the slot's current version), pending (a rewrite
+`agent/adapt_tasks.py`. Statuses: active (the slot's current version), pending (a rewrite
 awaiting evaluation), rejected, retired (an accepted rewrite's parent).
 """
 

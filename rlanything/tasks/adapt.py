@@ -1,4 +1,4 @@
-"""Step 7: forge the environment (task adaptation, `models.adapt_tasks.adapt`): judge the
+"""Step 7: forge the environment (task adaptation, `agent.adapt_tasks.adapt`): judge the
 pending rewrites, propose new ones for tasks outside the band. Writes adaptation.parquet and the
 buffer with full lineage to tasks/v(N+1).parquet."""
 
@@ -8,9 +8,9 @@ from collections import Counter
 
 import pandas as pd
 
+from rlanything.agent.adapt_tasks import adapt
 from rlanything.envs import env_class
 from rlanything.metric_names import ADAPT_ACCEPTED_TOTAL, ADAPT_DECISIONS, adapt_metric
-from rlanything.models.adapt_tasks import adapt
 from rlanything.models.precision import precision_of
 from rlanything.storage.artifacts import read_artifact, write_artifact
 from rlanything.storage.buffer import read_buffer, write_buffer

@@ -4,6 +4,7 @@ knows them, `envs.verification.label_episode`)."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import shutil
 
@@ -14,7 +15,8 @@ from rlanything import stopping
 from rlanything.agent.rollout import play
 from rlanything.algo.curriculum import success_rate
 from rlanything.algo.parsing import FALLBACKS
-from rlanything.envs import make_env, sandbox
+from rlanything.environment import runs_code
+from rlanything.envs import make_env
 from rlanything.envs.verification import label_episode, verify_episode
 from rlanything.models.engine_factory import make_engine
 from rlanything.models.generation import PrefixCache
@@ -103,11 +105,13 @@ def verify(run_dir: str, iteration: int):
         .groupby("traj_id")
         .action.apply(lambda column: [a if isinstance(a, str) else None for a in column])
     )
-    weak_before = sandbox.RUNS["weak"]  # programs the coding env ran without bubblewrap
+    sandbox_runs = collections.Counter()  # programs the replays ran in the sandbox, by isolation
     rows = []
     for ep in episodes.itertuples(index=False):
         stopping.check()  # a replay can take long (a game, a sandboxed program)
-        rows.append(verify_episode(config.env, ep._asdict(), specs[ep.task_id], actions.get(ep.traj_id, [])))
+        rows.append(
+            verify_episode(config.env, ep._asdict(), specs[ep.task_id], actions.get(ep.traj_id, []), sandbox_runs)
+        )
     labels, label_errors = [], 0
     for row in rows:
         stopping.check()
@@ -129,8 +133,8 @@ def verify(run_dir: str, iteration: int):
         names.MEAN_OUTCOME: float(scored.outcome.mean()) if len(scored) else 0.0,
         "verify/invalid_trajectories": int((~frame.valid).sum()),
     }
-    if config.env.kind == "coding":
-        metrics["verify/sandbox_weak_runs"] = sandbox.RUNS["weak"] - weak_before
+    if runs_code(config.env.kind):
+        metrics["verify/sandbox_weak_runs"] = sandbox_runs["weak"]  # without bubblewrap
     if label_errors:
         metrics["verify/step_label_errors"] = label_errors
     return paths, metrics

@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 
 from rlanything import metric_names as names
+from rlanything.agent.judging import judge_as_configured
 from rlanything.algo.rm_accuracy import guard, outcome_prediction, process_accuracy, process_auroc, verdict_shares
 from rlanything.algo.samples import select_samples
 from rlanything.models.engine_factory import make_engine
 from rlanything.models.generation import PrefixCache
-from rlanything.models.judge import judge_as_configured
 from rlanything.models.precision import precision_of
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed

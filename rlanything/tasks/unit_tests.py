@@ -16,8 +16,7 @@ import pandas as pd
 from rlanything import metric_names as names
 from rlanything.algo.coding import correct_test_pass_fraction, unit_test_samples, unit_test_scores
 from rlanything.config import Config
-from rlanything.envs.coding import load_problem
-from rlanything.envs.unit_tests import parse_unit_test, pass_matrix, style_of, unit_test_example, unit_test_request
+from rlanything.envs.unit_tests import parse_unit_test, pass_matrix, unit_test_form
 from rlanything.models.engine_factory import make_engine
 from rlanything.models.generation import PrefixCache
 from rlanything.models.judge import write_unit_tests
@@ -51,8 +50,8 @@ def score_with_unit_tests(config: Config, layout: RunLayout, iteration: int) -> 
     sols = solutions(read_artifact(layout, iteration, "rollouts"), read_artifact(layout, iteration, "outcomes"))
     specs = read_buffer(layout.tasks_snapshot(iteration)).set_index("task_id").spec
     task_ids = list(dict.fromkeys(sols.task_id))  # tasks with a trainable solution, first-seen order
-    problems = {t: load_problem(json.loads(specs[t])) for t in task_ids}
-    requests = [(t, unit_test_request(problems[t]), unit_test_example(style_of(problems[t]))) for t in task_ids]
+    forms = {t: unit_test_form(json.loads(specs[t])) for t in task_ids}  # (style, request, example)
+    requests = [(t, request, example) for t, (_, request, example) in forms.items()]
     rm = config.rm
     with progress(f"iter {iteration}: rm_score (unit tests)", len(requests) * rm.tests_per_task) as advance:
         path, precision = (
@@ -75,7 +74,7 @@ def score_with_unit_tests(config: Config, layout: RunLayout, iteration: int) -> 
     tests, matrix_rows = [], []
     for task_id in task_ids:
         mine = [r for r in rows if r["task_id"] == task_id]
-        style = style_of(problems[task_id])
+        style = forms[task_id][0]
         parsed = [parse_unit_test(r["response"], style) for r in mine]
         task_sols = sols[sols.task_id == task_id]
         matrix = pass_matrix(config.env, json.loads(specs[task_id]), [t for t, _ in parsed], list(task_sols.answer))

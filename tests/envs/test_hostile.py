@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from rlanything.envs.sandbox import PRIVATE_PREFIX, Limits, run_program, run_tests, runtime, sweep_orphans
+from rlanything.environment import SandboxConfig
+from rlanything.envs.sandbox import PRIVATE_PREFIX, run_program, run_tests, runtime, sweep_orphans
 
-LIMITS = Limits(timeout_s=1.0, memory_mb=256, max_file_mb=1, max_processes=8, disk_mb=4)
+LIMITS = SandboxConfig(timeout_s=1.0, memory_mb=256, max_file_mb=1, max_processes=8, disk_mb=4)
 CHECKOUT = Path(__file__).resolve().parents[2]
 HOME = Path(os.path.expanduser("~"))
 SECRET = "RLA-SECRET-" + secrets.token_hex(8)  # in the fake mlflow.db and in our environment
@@ -266,18 +267,48 @@ def test_hostile_code_is_contained(case, way, host):
     assert accepted(host["listener"]) == 0  # nobody connected to us
 
 
-def test_a_killed_parent_takes_its_sandbox_along(tmp_path):
-    """SIGKILL the process that runs the sandbox (as the OOM killer would): nothing survives it."""
+def command_lines(mark: str) -> list[list[bytes]]:
+    """The argv of each process with `mark` in its command line (zombies have none)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        try:
+            cmdline = Path(entry.path, "cmdline").read_bytes() if entry.name.isdigit() else b""
+        except OSError:
+            continue
+        if mark.encode() in cmdline:
+            found.append(cmdline.split(b"\0")[:-1])
+    return found
+
+
+@pytest.mark.parametrize("moment", ["start-up", "running"])
+@pytest.mark.parametrize("isolation", ["bubblewrap", "weak"])
+def test_a_killed_parent_takes_its_sandbox_along(isolation, moment):
+    """SIGKILL the process that runs the sandbox (as the OOM killer would): nothing survives it,
+    whether it dies during the run's start-up (as soon as the run's first process exists, when
+    bwrap and its namespace's init have not yet asked to die with their parent) or once the
+    program and its fork run; with bubblewrap, and in the weak mode (bwrap hidden from the parent)."""
     mark = f"rla-hostile-orphan-{secrets.token_hex(4)}"
+    hide_bwrap = (
+        "import shutil\nwhich = shutil.which\nshutil.which = lambda name: None if name == 'bwrap' else which(name)\n"
+    )
     script = (
-        "from rlanything.envs.sandbox import Limits, run_program\n"
-        f"run_program('import os, time\\nos.fork()\\ntime.sleep(60)', limits=Limits(timeout_s=60), argv=['main.py', {mark!r}])"
+        (hide_bwrap if isolation == "weak" else "")
+        + "from rlanything.environment import SandboxConfig\nfrom rlanything.envs.sandbox import run_program\n"
+        + f"limits = SandboxConfig(timeout_s=60, isolation={isolation!r})\n"
+        + f"run_program('import os, time\\nos.fork()\\ntime.sleep(60)', limits=limits, argv=['main.py', {mark!r}])"
     )
     parent = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(CHECKOUT)})
+
+    def started() -> bool:
+        argvs = command_lines(mark)
+        if moment == "start-up":  # the run's first process, its keeper, exists
+            return any(len(argv) > 3 and argv[3].endswith(b"/keeper.py") for argv in argvs)
+        return sum(argv[1:] == [b"-I", b"-S", b"main.py", mark.encode()] for argv in argvs) >= 2  # program + fork
+
     deadline = time.monotonic() + 90  # start-up (imports, the bwrap probe) is slow on a loaded machine
-    while len(marked_processes(mark)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(marked_processes(mark)) >= 2  # the program and its child are running
+    while not started() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert started() and parent.poll() is None
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     deadline = time.monotonic() + 5

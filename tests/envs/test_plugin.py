@@ -7,8 +7,8 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from rlanything.config import ConfigError, build_config
+from rlanything.environment import ENV_KINDS, NoOptions
 from rlanything.envs.base import Environment, env_class, initial_specs, make_env, optional, replayable, screenshot
-from rlanything.envs.kinds import ENV_KINDS, NoOptions
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_env"
 KIND = "my_env_pkg.addition:AdditionEnv"

@@ -1,16 +1,22 @@
 """The sandbox's limits, each proven by code that tries to break it (tests/envs/test_hostile.py
 has the catalogue of hostile programs)."""
 
+import collections
+import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
 
+from rlanything.environment import SandboxConfig
 from rlanything.envs import sandbox
-from rlanything.envs.sandbox import Limits, outputs_match, run_program, run_tests
+from rlanything.envs.sandbox import outputs_match, probe, run_program, run_tests
+from rlanything.envs.sandbox.supervise import run_until_deadline
 
-FAST = Limits(timeout_s=2.0, memory_mb=256, max_file_mb=1, max_processes=8)
+FAST = SandboxConfig(timeout_s=2.0, memory_mb=256, max_file_mb=1, max_processes=8)
+WEAK = FAST.model_copy(update={"isolation": "weak"})
 
 
 def processes_of(uid: int) -> list[str]:
@@ -121,7 +127,7 @@ def test_run_tests_gives_one_result_per_test():
         {"code": "import sys; sys.exit(0)"},
         {"code": "assert f(4) == 8"},
     ]
-    assert run_tests(code, tests, limits=Limits(timeout_s=1.0)) == [True, False, False, False, True]
+    assert run_tests(code, tests, limits=SandboxConfig(timeout_s=1.0)) == [True, False, False, False, True]
     assert run_tests("raise SystemExit(0)", [{"code": "assert True"}]) == [False]  # exiting early passes nothing
     assert run_tests("print('0 0 1')", [{"code": "pass"}]) == [True]  # printing cannot forge results
     forged = "import os\nos.write(1, b'deadbeef 0 1\\n')\nos._exit(0)"
@@ -135,10 +141,10 @@ def test_outputs_match_tokens_and_numbers():
 
 def without_bwrap(monkeypatch) -> "sandbox.Runtime":
     """Probe again as on a machine without bwrap; -> the runtime the sandbox then uses."""
-    real_which = sandbox.shutil.which
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None if name == "bwrap" else real_which(name))
-    fallback = sandbox.runtime.__wrapped__()
-    monkeypatch.setattr(sandbox, "runtime", lambda: fallback)
+    real_which = probe.shutil.which
+    monkeypatch.setattr(probe.shutil, "which", lambda name: None if name == "bwrap" else real_which(name))
+    fallback = probe.runtime.__wrapped__()
+    monkeypatch.setattr(probe, "runtime", lambda: fallback)
     return fallback
 
 
@@ -162,45 +168,82 @@ def test_without_bwrap_the_sandbox_refuses_unless_weak_is_allowed(monkeypatch, c
 
 def test_the_weak_mode_keeps_the_other_layers_and_says_so(monkeypatch):
     without_bwrap(monkeypatch)
-    weak = Limits(**{**FAST.__dict__, "isolation": "weak"})
-    before = sandbox.RUNS["weak"]
-    assert run_program("while True:\n    pass", limits=weak).timed_out
-    assert "MemoryError" in run_program("x = bytearray(2 * 1024**3)", limits=weak).stderr
-    result = run_program("import os\nprint(os.getuid(), sorted(os.environ))", limits=weak)
+    results = [
+        run_program("while True:\n    pass", limits=WEAK),
+        run_program("x = bytearray(2 * 1024**3)", limits=WEAK),
+        run_program("import os\nprint(os.getuid(), sorted(os.environ))", limits=WEAK),
+    ]
+    assert results[0].timed_out and "MemoryError" in results[1].stderr
+    result = results[2]
     assert result.stdout.split(" ", 1) == [str(result.uid), "['HOME', 'LANG', 'PATH', 'TMPDIR']\n"]
-    assert result.isolation == "weak" and sandbox.RUNS["weak"] == before + 3
-    assert run_tests("def f(x):\n    return x", [{"code": "assert f(1) == 1"}], limits=weak) == [True]
-    escape = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')"
-    assert run_program(escape, limits=weak).stdout == "parent done\n"
-    if result.uid != os.getuid():  # as root the throw-away uid's stragglers are swept
-        assert processes_of(result.uid) == []
+    assert {r.isolation for r in results} == {"weak"}
+    runs = collections.Counter()
+    assert run_tests("def f(x):\n    return x", [{"code": "assert f(1) == 1"}], limits=WEAK, runs=runs) == [True]
+    assert runs == {"weak": 1}
 
 
-def test_a_weak_run_that_fails_to_start_still_counts_itself_out(monkeypatch, tmp_path):
-    """The throw-away uid's stragglers are swept when its last weak run ends: a run whose program
-    never started must not stay counted, or no later run would ever sweep."""
+def test_a_coding_replay_counts_its_programs_by_isolation(monkeypatch):
+    """What verify's metric verify/sandbox_weak_runs adds up: the programs each replay of a
+    coding trajectory ran, by isolation (here one per stdio test)."""
+    from rlanything.config import build_config
+    from rlanything.envs.coding import load_problem
+    from rlanything.envs.verification import verify_episode
+
+    options = {"source": "sample", "sandbox": {"timeout_s": 3.0, "isolation": "weak"}}
+    config = build_config({"env": {"kind": "coding", "options": options}}).env
+    spec = {"source": "sample", "id": "rla-001"}
+    problem = load_problem(spec)
+    episode = {"traj_id": 0, "task_id": "s0000v00", "termination": "done", "error": None, "pending": False}
+    runs = collections.Counter()
+    row = verify_episode(config, episode, json.dumps(spec), [problem["reference"]], runs)
+    assert row["outcome"] == 1 and runs == {"bubblewrap": len(problem["tests"])}
     without_bwrap(monkeypatch)
-    outputs = (tmp_path / "out", tmp_path / "err")
-    with pytest.raises(FileNotFoundError):
-        sandbox._run_until_deadline(
-            ["/nonexistent/program"],
-            "",
-            cwd=str(tmp_path),
-            env={},
-            fds={},
-            wall_s=1.0,
-            weak=True,
-            uid=None,
-            outputs=outputs,
-        )
-    assert sandbox._weak_in_flight == 0
+    verify_episode(config, episode, json.dumps(spec), [problem["reference"]], runs)
+    assert runs == {"bubblewrap": len(problem["tests"]), "weak": len(problem["tests"])}
+
+
+def test_a_weak_run_leaves_no_process_behind_as_any_user(monkeypatch):
+    """No PID namespace in the weak mode: the run's keeper, a subreaper, adopts and kills what
+    the program left running, a setsid() daemon included, whichever uid the program ran as."""
+    without_bwrap(monkeypatch)
+    mark = f"rla-weak-daemon-{os.getpid()}-{time.monotonic_ns()}"
     escape = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')"
-    result = run_program(escape, limits=Limits(**{**FAST.__dict__, "isolation": "weak"}))
+    result = run_program(escape, limits=WEAK, argv=["main.py", mark])
     assert result.stdout == "parent done\n"
-    if result.uid != os.getuid():  # as root: the sweep after this run's end found the straggler
-        assert processes_of(result.uid) == []
+    assert marked(mark) == []
+
+
+def marked(mark: str) -> list[str]:
+    """Processes (zombies included) with `mark` in their command line, after a moment's grace."""
+    for _ in range(20):
+        out = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True).stdout
+        found = [line for line in out.splitlines() if mark in line]
+        if not found:
+            break
+        time.sleep(0.1)
+    return found
+
+
+def test_the_keeper_exits_as_its_command_did(tmp_path):
+    """A run's returncode is its command's (an exit status, a signal, or 127 with the reason when
+    it cannot start); the command gets our stdin, exactly our environment and a session of its own."""
+    outputs = (tmp_path / "out", tmp_path / "err")
+
+    def run(cmd: list[str], stdin: str = "", env: dict[str, str] | None = None) -> tuple[int | None, bool]:
+        return run_until_deadline(cmd, stdin, cwd=str(tmp_path), env=env or {}, fds={}, wall_s=10.0, outputs=outputs)
+
+    assert run([sys.executable, "-c", "raise SystemExit(3)"]) == (3, False)
+    assert run([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"]) == (-15, False)
+    assert run(["/nonexistent/program"]) == (127, False)
+    assert "cannot start /nonexistent/program" in outputs[1].read_text()
+    script = (
+        "import json, os, sys\nprint(json.dumps([sys.stdin.read(), open('/proc/self/environ').read(), os.getsid(0)]))"
+    )
+    assert run([sys.executable, "-I", "-c", script], "in", {"A": "1"}) == (0, False)
+    stdin, env, session = json.loads(outputs[0].read_text())
+    assert (stdin, env) == ("in", "A=1\x00") and session != os.getsid(0)  # a session of its own, not ours
 
 
 def test_no_unshare_noise_on_timeouts():
-    result = run_program("import time\ntime.sleep(30)", limits=Limits(timeout_s=0.5))
+    result = run_program("import time\ntime.sleep(30)", limits=SandboxConfig(timeout_s=0.5))
     assert result.timed_out and result.stderr == ""

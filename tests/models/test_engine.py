@@ -7,6 +7,8 @@ import torch
 
 from rlanything.models.engine import MIN_SHARED, TransformersEngine, response_logprobs
 from rlanything.models.generation import PrefixCache, left_pad
+from rlanything.models.judge import verdict_choice
+from rlanything.models.kv_planner import KvPlanner
 from rlanything.models.loading import load_model
 from rlanything.models.prompts import policy_messages, render
 
@@ -92,13 +94,14 @@ def test_repeated_prompts_share_one_prefill_and_sample_as_before(engine, tiny_to
     prefix tree, past the call's shared prefix, which its own forward runs first), and the
     samples and log-probs are those of separate prefills."""
 
-    class Separate(TransformersEngine):
-        def _tree_prefill(self, trees, groups, width, prefix=None):
+    class Separate(KvPlanner):
+        def tree_prefill(self, trees, groups, width, prefix=None):
             return None
 
     ps = prompts(tiny_tokenizer, 2)
     batch = [ps[0], ps[1], ps[0], ps[0], ps[1], ps[1]]  # batches of 3: both prompts in each
-    separate = Separate(engine.model, tiny_tokenizer, batch_size=3)
+    separate = TransformersEngine(engine.model, tiny_tokenizer, batch_size=3)
+    separate.kv = Separate(engine.model, tiny_tokenizer.pad_token_id)
     shapes = []
     hook = engine.model.register_forward_pre_hook(
         lambda m, args, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
@@ -216,6 +219,8 @@ def test_sliding_window_models_decode_in_fixed_batches_with_the_same_logprobs(ti
     fixed.continuous = False  # what a sliding-window config sets (decode.full_attention)
     assert not fixed.decodes_choices
     ps = prompts(tiny_tokenizer)
+    with pytest.raises(ValueError, match="Choice"):
+        fixed.generate(ps, max_new_tokens=6, temperature=0.7, top_p=1.0, seed=2, choice=verdict_choice(tiny_tokenizer))
     gens = fixed.generate(ps, max_new_tokens=6, temperature=0.7, top_p=1.0, seed=2)
     again = fixed.generate(ps, max_new_tokens=6, temperature=0.7, top_p=1.0, seed=2)
     assert [g.token_ids for g in gens] == [g.token_ids for g in again]

@@ -5,8 +5,8 @@ policy's (it used to load on the CPU with the policy's dtype and batch size)."""
 import pytest
 import torch
 
+from rlanything.agent.adapt_tasks import environment_model as env_model_rewriter
 from rlanything.config import build_config
-from rlanything.models.adapt_tasks import environment_model as env_model_rewriter
 from rlanything.models.engine import TransformersEngine
 from rlanything.models.loading import resolve_device
 

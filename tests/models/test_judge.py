@@ -6,7 +6,7 @@ import pytest
 
 from rlanything.algo.parsing import parse_step_score
 from rlanything.models.engine import TransformersEngine
-from rlanything.models.generation import PrefixCache
+from rlanything.models.generation import Choice, PrefixCache
 from rlanything.models.judge import judge_steps
 from rlanything.models.loading import load_model
 
@@ -201,3 +201,39 @@ def test_the_verdict_decoded_in_the_generation_pass_follows_the_models_probabili
         picked.add(r["step_score"])
         scored = engine.score([r["prompt_ids"]], [r["response_ids"]], temperature=0.8)[0]
         assert scored == pytest.approx(r["logprobs"], abs=1e-4)
+
+
+def test_the_verdict_rule_picks_the_first_option_whose_cumulative_probability_exceeds_u(tiny_tokenizer):
+    """`Choice.pick`, the one rule of both paths: p(1) = 0.2 / (0.2 + 0.6) = 0.25."""
+    import torch
+
+    from rlanything.models.judge import verdict_choice
+
+    choice = verdict_choice(tiny_tokenizer)
+    for dtype in (torch.float32, torch.float64):  # the decoder's logits; the fallback's scores
+        firsts = torch.tensor([0.2, 0.6], dtype=dtype).log()
+        assert [choice.pick(firsts, u) for u in (0.0, 0.1, 0.2499, 0.2501, 0.9, 0.999999)] == [1, 1, 1, -1, -1, -1]
+    three = Choice([0], {7: [1], 8: [2], 9: [3]}, [4])
+    firsts = torch.tensor([0.1, 0.3, 0.1]).log()  # renormalised [0.2, 0.6, 0.2], cumulative [0.2, 0.8, 1.0]
+    assert [three.pick(firsts, u) for u in (0.1, 0.5, 0.85)] == [7, 8, 9]
+
+
+def test_the_two_pass_verdict_draws_with_the_same_rule_from_its_own_random_stream(engine, tiny_tokenizer):
+    """Engines without `decodes_choices`: judgment n picks 1 iff the n-th draw of
+    random.Random(seed) is below p("1") / (p("1") + p("-")) after prompt + reasoning + "\\n\\\\boxed{"."""
+    import random
+
+    from rlanything.models.judge import verdict_choice
+
+    choice = verdict_choice(tiny_tokenizer)
+    rows = judge(TwoPass(engine.model, tiny_tokenizer, batch_size=4), tiny_tokenizer, "constrained", seed=5)
+    rng = random.Random(5)
+    for r in rows:
+        tail = len(choice.opener) + len(choice.options[r["step_score"]]) + len(choice.closer)
+        context = r["prompt_ids"] + r["response_ids"][: len(r["response_ids"]) - tail]
+        first = [
+            engine.score([context], [choice.opener + choice.options[v]], temperature=0.8)[0][len(choice.opener)]
+            for v in (1, -1)
+        ]
+        p_one = math.exp(first[0]) / (math.exp(first[0]) + math.exp(first[1]))
+        assert r["step_score"] == (1 if rng.random() < p_one else -1)

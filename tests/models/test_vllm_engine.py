@@ -115,6 +115,21 @@ def test_each_request_has_the_slot_seed_of_its_prompt(tiny_tokenizer):
     )
 
 
+def test_the_vllm_engine_decodes_no_choice(tiny_tokenizer):
+    """A completion request cannot draw an option mid-sequence: the judge scores the options after."""
+    from rlanything.models.judge import verdict_choice
+
+    server = VllmServer.__new__(VllmServer)
+    server.http = _Http()
+    engine = VllmEngine(server, tiny_tokenizer, [tiny_tokenizer.eos_token_id], concurrency=1)
+    assert engine.decodes_choices is False
+    with pytest.raises(ValueError, match="Choice"):
+        engine.generate(
+            [[1, 2]], max_new_tokens=1, temperature=1.0, top_p=1.0, seed=7, choice=verdict_choice(tiny_tokenizer)
+        )
+    assert server.http.bodies == []
+
+
 # -- against a real server ----------------------------------------------------------------------
 
 

@@ -1,23 +1,154 @@
-"""The built-in environment kinds, in one table: `ENV_KINDS` names each kind's class and the
-pydantic model of its options (`env.options`); the options models are defined here, one per
-kind, above the table.
+"""What an environment is, below the config and everything else: the `Environment` Protocol
+every environment implements (with `StepResult`, its required members and its optional ones),
+and the built-in kinds in one table (`ENV_KINDS`: each kind's class, the pydantic model of its
+options and what it can do), with the options models, one per kind, above the table.
 
-Adding a built-in environment: its class in `envs/<name>.py` (a subclass of
-`envs.base.Environment`), its options model here, and its row in `ENV_KINDS`; the config
-(`env.kind`, `env.options`) and `envs.base.env_class` read nothing else. A plug-in kind
-("package.module:ClassName") is in no table: its class brings its own pydantic `Options`.
+An episode: `reset(spec)` gives the first observation; each `step(action)` gives the next
+observation and whether the episode ended; `outcome()` is the verifier's ±1. `action` is the
+content of the policy's last `\\boxed{}`, or None when the response held none: the environment
+decides what an unparseable action costs (usually a "nothing happens" observation).
 
-Light on purpose: the config imports this module to validate `env.options`, so it imports
-pydantic and nothing heavy. Each class is named as "module:Class" and imported on first use
-(`envs.base.env_class`): each pulls its own libraries (reasoning_gym, textworld, selenium, ...).
+A *spec* is a small JSON-able dict from which the environment rebuilds one problem exactly
+(the task buffer stores specs). For task adaptation an environment also says how a language
+model may rewrite a spec and turns the model's answer back into a valid spec.
+
+Adding a built-in environment: its class in `envs/<name>.py` (a subclass of `Environment`), its
+options model here, and its row in `ENV_KINDS`; the config (`env.kind`, `env.options`) and
+`envs.base.env_class` read nothing else. A plug-in kind ("package.module:ClassName") is in no
+table: its class implements the Protocol (subclassing it or not) and brings its own pydantic
+`Options` (plugins.py loads it).
+
+Light on purpose, and below the config: the config validates `env.kind` and `env.options` with
+this module and plug-in loading checks a class against the Protocol, so it imports pydantic and
+nothing of ours (`EnvConfig` only for type hints). Each class is named as "module:Class" and
+imported on first use (`envs.base.env_class`): each pulls its own libraries (reasoning_gym,
+textworld, selenium, ...). What envs share beyond the Protocol (reading optional members, the
+rewrite answer format, `make_env`) is in envs/base.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from rlanything.config import EnvConfig
+
+
+# ------------------------------------------------------------------ the Protocol
+
+
+@dataclass(frozen=True)
+class StepResult:
+    observation: str
+    done: bool
+
+
+StepLabel = tuple[int, str]
+"""(label in {-1, +1}, the case of the environment's rule that gave it), e.g. (1, "closer")."""
+
+
+class Environment(Protocol):
+    system_prompt: str
+    """What the policy is told once, before the first observation."""
+    judge_hint: str
+    """One or two sentences telling the RM what a good step looks like in this environment."""
+
+    def __init__(self, config: EnvConfig) -> None:
+        """`config.options` holds this kind's options (its `Options` model, for a plug-in)."""
+        ...
+
+    def reset(self, spec: dict[str, Any]) -> str: ...
+
+    def step(self, action: str | None) -> StepResult: ...
+
+    def outcome(self) -> int:
+        """+1 if the episode solved the problem, else -1."""
+        ...
+
+    def close(self) -> None: ...
+
+    # --- optional members, with their defaults (`OPTIONAL_MEMBERS`; read them with `envs.base.optional`) --
+    replayable: ClassVar[bool] = True
+    """False for environments whose episodes cannot be replayed to the same end (a desktop VM):
+    verify then keeps the outcome evaluated at the end of the live episode."""
+    example: tuple[tuple[str, str], ...] | None = None
+    """The (observation, answer) turns of a solved problem the policy sees before the episode's
+    first observation, set by `reset` (reasoning-gym's `worked_example`: one turn; a text game's:
+    every turn of a won episode of another game); None: no example."""
+    test_results: list[bool] | None = None
+    """The per-test results of the last `outcome()`, for environments with ground-truth tests
+    (coding); None for the others."""
+    heldout_specs: ClassVar[Callable[[EnvConfig, str, int, int], list[dict[str, Any]]] | None] = None
+    """A static `heldout_specs(config, split, n, seed) -> list[spec]`: the problems `rlanything
+    eval` plays, kept apart from every problem training can draw (envs/heldout.py); None: the
+    environment has no held-out split."""
+
+    def last_screenshot(self) -> bytes | None:
+        """PNG of the environment's screen as the last reset/step left it (MiniWoB++, OSWorld);
+        None: a text environment."""
+        return None
+
+    @staticmethod
+    def step_labels(
+        config: EnvConfig, spec: dict[str, Any], actions: list[str | None]
+    ) -> list[StepLabel | None] | None:
+        """Ground-truth labels of a trajectory's steps, one per action (None: that step has no
+        label), replaying the actions from `reset(spec)`; the rules are in each environment's
+        module docstring (TextWorld: did the step bring the goal closer; reasoning-gym: the
+        answer's correctness). None (the default): the environment knows no label, and none is
+        ever made up."""
+        return None
+
+    # --- specs and rewrites (task adaptation) -------------------------------------------
+    @staticmethod
+    def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:
+        """The specs of a new run's buffer, one per slot (config.num_problems of them)."""
+        ...
+
+    @staticmethod
+    def validate_spec(config: EnvConfig, spec: dict[str, Any]) -> None:
+        """Raise ValueError (with the reason) unless `spec` builds a verifiable problem."""
+        ...
+
+    @staticmethod
+    def rewrite_instructions(spec: dict[str, Any], direction: str) -> str:
+        """What the environment model may change to make `spec` harder/easier, and the exact
+        answer format it must use (parsed by `parse_rewrite`)."""
+        ...
+
+    @staticmethod
+    def parse_rewrite(spec: dict[str, Any], text: str) -> dict[str, Any]:
+        """The environment model's answer -> a new spec; ValueError if malformed."""
+        ...
+
+    @staticmethod
+    def rule_rewrite(spec: dict[str, Any], direction: str) -> str:
+        """A deterministic rewrite written in `parse_rewrite`'s format (`adapt.rewriter: rule`);
+        ValueError when the environment has no rule for this spec."""
+        ...
+
+
+OPTIONAL_MEMBERS = ("replayable", "example", "test_results", "heldout_specs", "last_screenshot", "step_labels")
+"""The members of `Environment` that have a default (declared on it): a plug-in that does not
+subclass `Environment` may leave them out."""
+
+
+def _declared(protocol: type) -> list[str]:
+    """The members `protocol` declares, in order: its annotated attributes, then the rest."""
+    names = list(protocol.__annotations__) + [name for name in vars(protocol) if not name.startswith("_")]
+    return list(dict.fromkeys(names))
+
+
+REQUIRED_MEMBERS = tuple(name for name in _declared(Environment) if name not in OPTIONAL_MEMBERS)
+"""What a class must define to be an `Environment` (checked when a plug-in environment is
+loaded, by the config and by `envs.base.env_class`): the Protocol's members without a default."""
+
+
+# ------------------------------------------------------------------ the built-in kinds and their options
 
 
 class _Options(BaseModel):
@@ -168,12 +299,16 @@ class NoOptions(_Options):
 
 @dataclass(frozen=True)
 class EnvKind:
-    """One built-in environment kind: its class and its options model."""
+    """One built-in environment kind: its class, its options model and what it can do."""
 
     env_class: str
     """The environment class as "module:Class", imported on first use (`envs.base.env_class`)."""
     options: type[BaseModel]
     """The model `env.options` is validated by when `env.kind` is this kind."""
+    runs_code: bool = False
+    """Its answers are programs the environment runs in the sandbox (envs/sandbox/): the RM may
+    write unit tests for its problems (rm.role unit_tests, envs/unit_tests.py), and verify counts
+    the programs run without bubblewrap (`verify/sandbox_weak_runs`)."""
 
 
 ENV_KINDS: dict[str, EnvKind] = {
@@ -183,8 +318,18 @@ ENV_KINDS: dict[str, EnvKind] = {
     "textworld": EnvKind("rlanything.envs.textworld:TextWorldEnv", TextWorldOptions),
     "textworld_express": EnvKind("rlanything.envs.textworld_express:TextWorldExpressEnv", TextWorldExpressOptions),
     "alfworld": EnvKind("rlanything.envs.alfworld:AlfWorldEnv", AlfWorldOptions),
-    "coding": EnvKind("rlanything.envs.coding:CodingEnv", CodingOptions),
+    "coding": EnvKind("rlanything.envs.coding:CodingEnv", CodingOptions, runs_code=True),
     "first_letter": EnvKind("rlanything.envs.first_letter:FirstLetterEnv", FirstLetterOptions),
 }
 """Every built-in environment kind -> its class and its options model (the one place that lists
 them: `env.kind` accepts these names, in this order, or a plug-in "package.module:ClassName")."""
+
+
+def runs_code(kind: str) -> bool:
+    """`ENV_KINDS[kind].runs_code`: whether the environment runs its answers as programs in the
+    sandbox; False for a plug-in kind.
+
+    >>> runs_code("coding"), runs_code("textworld"), runs_code("my_pkg.envs:MyEnv")
+    (True, False, False)
+    """
+    return kind in ENV_KINDS and ENV_KINDS[kind].runs_code

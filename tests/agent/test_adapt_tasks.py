@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlanything.models.adapt_tasks import judge_pending
+from rlanything.agent.adapt_tasks import judge_pending
 from rlanything.storage.buffer import add_pending, initial_buffer
 
 

@@ -9,8 +9,9 @@ including invalid attempts and their reasons, is one adaptation row. The critic 
 rewrites themselves are written by models/rewriters.py.
 
 Library code: the adapt_tasks task reads the iteration's Parquet files, calls `adapt`, and
-writes adaptation.parquet and the next task-buffer snapshot. The environment class is passed
-in (`env_cls`), so this module does not import the environments.
+writes adaptation.parquet and the next task-buffer snapshot. Here, not in models/, because it
+joins the config, the environment model's engine (`make_engine`) and the environment class
+(`env_cls`, passed in by the task).
 """
 
 from __future__ import annotations

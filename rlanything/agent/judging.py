@@ -1,0 +1,40 @@
+"""The RM judges steps as a run is configured: `models.judge.judge_steps` with the config's RM
+settings (`rm`) and the judge hint of the environment kind (`env.kind`).
+
+Here, not in models/, because it joins the config, an environment class and an engine: models/
+never imports the environments. Called by the rm_score step, the held-out evaluation
+(agent/eval_judge.py) and benchmarks/rm_scoring.py --replay.
+"""
+
+from __future__ import annotations
+
+from rlanything.config import Config
+from rlanything.envs import env_class
+from rlanything.models.generation import GenerationEngine, PrefixCache
+from rlanything.models.judge import judge_steps
+
+
+def judge_as_configured(
+    engine: GenerationEngine,
+    tokenizer,
+    steps: list[dict],
+    config: Config,
+    seed: int,
+    prefix_cache: PrefixCache | None = None,
+) -> list[dict]:
+    """`judge_steps` as a run judges: `config.rm`'s settings and the judge hint of `config.env`'s
+    kind (steps and rows as in `judge_steps`)."""
+    rm = config.rm
+    return judge_steps(
+        engine,
+        tokenizer,
+        steps,
+        judgments_per_step=rm.judgments_per_step,
+        verdict=rm.verdict,
+        max_new_tokens=rm.max_new_tokens,
+        temperature=rm.temperature,
+        top_p=rm.top_p,
+        seed=seed,
+        hint=env_class(config.env.kind).judge_hint,
+        prefix_cache=prefix_cache,
+    )
