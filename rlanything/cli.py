@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 import shlex
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Annotated
-from unittest import mock
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from rlanything import procs
 from rlanything.config import ConfigError, load_config
 from rlanything.metric_names import ACCURACY, MEAN_OUTCOME, RM_PARSE_RATE, update_metrics
+from rlanything.storage.layout import run_folder
 from rlanything.tasks import use_prefect_defaults
 
 # The command line is an application: it may set process-wide defaults (the user's environment
@@ -68,36 +64,6 @@ def _summary(result: dict) -> None:
     )
 
 
-def _guard_prefect_server() -> None:
-    """Without PREFECT_API_URL, Prefect starts a temporary server (uvicorn, ~200 MB) on first use,
-    which would outlive this process when it is killed (it even ignores SIGTERM). Start it here,
-    through Prefect's own class, registered with `procs` the moment it is launched; Prefect keeps
-    one instance per port, so the flow then finds this one running and uses it.
-
-    It runs in a session of its own: a terminal's Ctrl-C (SIGINT to the foreground process group)
-    would stop it too, and the stopping run still has to mark its runs Cancelled there. Prefect's
-    launcher takes no Popen options, so for the launch its module sees a `subprocess` whose Popen
-    starts a new session."""
-    import prefect.server.api.server as prefect_server
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
-
-    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
-        return
-    own_session = SimpleNamespace(Popen=functools.partial(subprocess.Popen, start_new_session=True))
-
-    class GuardedServer(SubprocessASGIServer):
-        def _run_uvicorn_command(self):
-            with mock.patch.object(prefect_server, "subprocess", own_session):
-                process = super()._run_uvicorn_command()
-            procs.guard(process.pid, group=True)  # uvicorn leads its own group
-            return process
-
-    GuardedServer().start()
-    if not isinstance(SubprocessASGIServer(), GuardedServer):  # a Prefect upgrade changed the singleton
-        raise RuntimeError("Prefect's temporary server is not the one started here")
-
-
 def _this_command() -> str:
     """This command line as a user would type it again (to resume what a stop interrupted)."""
     return shlex.join(["rlanything", *sys.argv[1:]])
@@ -116,9 +82,10 @@ def _run(config_path: Path, overrides: list[str], iterations: int | None) -> Non
         # Taken here, before the flow starts, so a second process exits without creating a flow
         # run; the flow takes it again (re-entrant) for deployments and Retry.
         with run_lock(config.run_dir), handle_stops(f"rlanything resume {config.run_dir}"):
+            from rlanything.flows.servers import guard_prefect_server
             from rlanything.flows.training import train_flow
 
-            _guard_prefect_server()
+            guard_prefect_server()
             result = train_flow(str(config_path), overrides, iterations)
     _summary(result)
 
@@ -158,7 +125,7 @@ def resume(
     Uses the run's saved config. Finished iterations are skipped; in an unfinished one, the
     steps that finished come back from Prefect's persisted results (state Cached) and the rest
     run. Only one process trains a run at a time: a second one exits with code 3."""
-    run_dir = (Path(run) if Path(run).is_dir() else Path("runs") / run).resolve()
+    run_dir = run_folder(run).resolve()
     if not (run_dir / "config.yaml").is_file():
         _fail(f"no run at {run_dir} (expected {run_dir / 'config.yaml'})")
     config = load_config(run_dir / "config.yaml")
@@ -181,7 +148,7 @@ def tasks(
     from rlanything.storage.buffer import lineage as slot_lineage
     from rlanything.storage.buffer import read_buffer
 
-    run_dir = Path(run) if Path(run).is_dir() else Path("runs") / run
+    run_dir = run_folder(run)
     snapshots = sorted((run_dir / "tasks").glob("v*.parquet"))
     if not snapshots:
         _fail(f"no task buffer in {run_dir / 'tasks'}")
@@ -249,6 +216,7 @@ def evaluate(
     same checkpoint again) are reused, not played again: the table and summary.md say from where."""
     from rlanything.flows.evaluation import EvalTargetError, eval_flow, resolve_target
     from rlanything.flows.interrupt import handle_stops
+    from rlanything.flows.servers import guard_prefect_server
     from rlanything.reports.eval import eval_table
 
     if split not in ("in_domain", "ood", "all"):
@@ -257,7 +225,7 @@ def evaluate(
         resolved = resolve_target(target, config)
         load_config(resolved.config_path, set_ or [])  # fail fast, before Prefect starts
         with handle_stops(_this_command()):
-            _guard_prefect_server()
+            guard_prefect_server()
             result = eval_flow(target, str(config) if config else None, set_ or [], split, problems)
     except (EvalTargetError, ConfigError) as err:
         _fail(str(err))
@@ -335,13 +303,14 @@ def ablation(
     from rlanything.flows.experiment import ARMS, ablation_flow, experiment_dir, open_experiment
     from rlanything.flows.interrupt import handle_stops
     from rlanything.flows.runlock import run_lock
+    from rlanything.flows.servers import guard_prefect_server
 
     fix = "Fix the cause, then run the same command again: finished arms are not redone."
     with _reported("the experiment stopped", fix):
         # the lock first: a second process exits before Prefect starts
         with run_lock(experiment_dir(base, name)), handle_stops(_this_command()):
             open_experiment(str(config), name, set_ or [], seeds, iterations, budget_minutes, chosen or list(ARMS))
-            _guard_prefect_server()
+            guard_prefect_server()
             result = ablation_flow(str(config), name, set_ or [], seeds, iterations, budget_minutes, chosen)
     typer.echo(Path(result["comparison"]).read_text())  # plain: rich would wrap the table's rows
     console.print(f"comparison, figures: {result['folder']}   MLflow parent run {result['mlflow_run_id']}")

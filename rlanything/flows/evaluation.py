@@ -23,7 +23,8 @@ both keys and say where reused episodes and judgments come from (`episodes_from`
 `eval/<split>/episodes_reused` and `judgments_reused`.
 
 The reward model is evaluated beside the policy (`eval.rm`, on by default). The RM of the same
-checkpoint (checkpoints/rm/iter_NNNN; for `@base` and a bare model the config's rm model) judges
+checkpoint (checkpoints/rm/iter_NNNN; for `@base`, a bare model, and a run with no RM in its loop,
+which checkpoints none, the config's rm model: judging there takes `--set rm.judgments_per_step=N`) judges
 every step of every valid held-out episode rm.judgments_per_step times, as the rm_score step does
 in training (same context builder, prompt, verdict mode and sampling, a seed derived the same
 way), into judgments.parquet beside episodes.parquet (agent/eval_judge.py). Per split,
@@ -55,9 +56,10 @@ from rlanything.envs.heldout import SPLITS
 from rlanything.reports.eval import eval_history, plot_eval_curves, training_wall_time
 from rlanything.storage import tracking
 from rlanything.storage.checkpoints import weights_digest
-from rlanything.storage.layout import RunLayout
+from rlanything.storage.layout import RUNS, RunLayout, run_folder
 from rlanything.storage.parquet import write_text
 from rlanything.tasks.cancellation import stoppable
+from rlanything.tasks.common import saved_models
 from rlanything.tasks.evaluate import eval_report, evaluate_split
 
 BASE = -1  # the "iteration" of a run's starting model (MLflow step -1, wall time 0)
@@ -85,7 +87,7 @@ def checkpoint_iterations(run_dir: Path) -> list[int]:
     return sorted(found)
 
 
-def resolve_target(target: str, config_path: str | Path | None = None, runs: Path = Path("runs")) -> EvalTarget:
+def resolve_target(target: str, config_path: str | Path | None = None, runs: Path = RUNS) -> EvalTarget:
     """`RUN[@ITERATION]` or a model folder / `builtin:` name -> what to evaluate; EvalTargetError
     saying what is missing."""
     if target.startswith("builtin:") or (Path(target) / "config.json").is_file():
@@ -99,7 +101,7 @@ def resolve_target(target: str, config_path: str | Path | None = None, runs: Pat
             raise EvalTargetError(f"model {target!r}: {err}") from err
         return EvalTarget(Path(config_path), weights, target if target.startswith("builtin:") else str(weights))
     name, at, iteration = target.rpartition("@") if "@" in target else (target, "", "")
-    run_dir = (Path(name) if Path(name).is_dir() else runs / name).resolve()
+    run_dir = run_folder(name, runs).resolve()
     if not (run_dir / "config.yaml").is_file():
         raise EvalTargetError(
             f"no run at {run_dir} (expected {run_dir / 'config.yaml'}), and {target!r} is no model folder"
@@ -163,7 +165,13 @@ def rm_target(config: Config, resolved: EvalTarget) -> tuple[Path | None, str]:
         from rlanything.models.loading import resolve_model_path
 
         return resolve_model_path(config.rm_model), config.rm_model
-    folder = RunLayout(resolved.run_dir).checkpoint("rm", resolved.iteration)
+    layout = RunLayout(resolved.run_dir)
+    run_config = load_config(layout.config)
+    if "rm" not in saved_models(run_config):  # the run never loaded nor trained it: its base weights
+        from rlanything.models.loading import resolve_model_path
+
+        return resolve_model_path(run_config.rm_model), run_config.rm_model
+    folder = layout.checkpoint("rm", resolved.iteration)
     label = folder.relative_to(resolved.run_dir).as_posix()
     if not (folder / "config.json").is_file():  # the iteration stopped between its two updates
         return None, f"none ({label} was not written)"

@@ -25,7 +25,7 @@ from rlanything.storage.layout import RunLayout
 from rlanything.storage.parquet import write_text
 from rlanything.tasks.adapt import adapt_tasks
 from rlanything.tasks.cancellation import stoppable
-from rlanything.tasks.common import open_run, step_options
+from rlanything.tasks.common import open_run, saved_models, step_options
 from rlanything.tasks.rollout import rollout, verify
 from rlanything.tasks.scoring import advantages, rm_score
 from rlanything.tasks.update import policy_update, rm_update
@@ -41,7 +41,8 @@ def iteration_flow(run_dir: str, iteration: int) -> dict[str, float]:
 
     def step(task) -> dict:
         nonlocal refresh
-        refresh = refresh or not all(p.exists() for p in layout.step_outputs(iteration, task.name))
+        outputs = layout.step_outputs(iteration, task.name, saved_models(config))
+        refresh = refresh or not all(p.exists() for p in outputs)
         remote = config.run.step_deployments.get(task.name)  # a deployment on a work pool, or None: here
         if remote:  # runs there first and writes its record to the shared run folder; then Cached here
             states[task.name] = run_on_deployment(remote, run_dir, iteration, task.name, refresh)

@@ -5,6 +5,8 @@ behind each, logs and PIDs in `<root>/.servers/`), waits until they answer, and 
 `rlanything serve` registers the training flow as a deployment on that Prefect server and
 executes its runs (started from the UI, the CLI or a schedule) until stopped; `rlanything
 server stop` ends serve first (a runner whose server vanished hangs), then Prefect, then MLflow.
+Without a server (no PREFECT_API_URL) the commands that run flows start Prefect's temporary
+one themselves, guarded (`guard_prefect_server`).
 
 MLflow runs with `--workers 1` and `MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false`: ~0.5 GB instead
 of ~1.8 GB (measured here). Its backend store is the runs root's `mlflow.db`, the default of every
@@ -21,9 +23,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 from rlanything import procs
+from rlanything.patching import swapped
 
 STATE_DIR = ".servers"
 SERVICES = ("serve", "prefect", "mlflow")  # stop order
@@ -234,6 +239,39 @@ def prefect_api_url(root: str | Path) -> str | None:
     """PREFECT_API_URL of the Prefect server `start` launched under `root`, if it runs."""
     entry = read_state(root).get("prefect")
     return f"{entry['url']}/api" if entry and _is_ours(entry) else None
+
+
+# ---------------------------------------------------------------- the temporary server
+
+
+def guard_prefect_server() -> None:
+    """Without PREFECT_API_URL, Prefect starts a temporary server (uvicorn, ~200 MB) on first use,
+    which would outlive this process when it is killed (it even ignores SIGTERM). Start it here,
+    through Prefect's own class, registered with `procs` the moment it is launched; Prefect keeps
+    one instance per port, so the flow then finds this one running and uses it.
+
+    It runs in a session of its own: a terminal's Ctrl-C (SIGINT to the foreground process group)
+    would stop it too, and the stopping run still has to mark its runs Cancelled there. Prefect's
+    launcher takes no Popen options (nor a setting for them), so for the launch its module sees a
+    `subprocess` whose Popen starts a new session (`patching.swapped`)."""
+    import prefect.server.api.server as prefect_server
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return
+    own_session = SimpleNamespace(Popen=partial(subprocess.Popen, start_new_session=True))
+
+    class GuardedServer(SubprocessASGIServer):
+        def _run_uvicorn_command(self):
+            with swapped(prefect_server, "subprocess", own_session):
+                process = super()._run_uvicorn_command()
+            procs.guard(process.pid, group=True)  # uvicorn leads its own group
+            return process
+
+    GuardedServer().start()
+    if not isinstance(SubprocessASGIServer(), GuardedServer):  # a Prefect upgrade changed the singleton
+        raise RuntimeError("Prefect's temporary server is not the one started here")
 
 
 # ---------------------------------------------------------------- serve

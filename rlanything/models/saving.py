@@ -14,11 +14,11 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from unittest import mock
 
 import torch
 
 from rlanything.models.loading import ADAPTER_DIR
+from rlanything.patching import swapped
 from rlanything.storage.checkpoints import OPTIMIZER_STATE, write_folder
 
 LORA_SAVES = ("merged", "adapter")
@@ -112,5 +112,5 @@ def _deepspeed_left_alone() -> Iterator[None]:
         return
     import accelerate.utils.other
 
-    with mock.patch.object(accelerate.utils.other, "is_deepspeed_available", lambda: False):
+    with swapped(accelerate.utils.other, "is_deepspeed_available", lambda: False):
         yield

@@ -9,6 +9,7 @@ config may import it.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,14 @@ PIPELINE = (
     Step("adapt_tasks", ("adaptation",), next_tasks=True),  # 7. tasks outside the band are adapted
 )
 STEPS = tuple(step.name for step in PIPELINE)  # the names, in order
+RUNS = Path("runs")  # where the command line looks a run name up (relative to the working folder)
+
+
+def run_folder(run: str | Path, runs: Path = RUNS) -> Path:
+    """A run as the command line names it -> its folder: `run` itself where that is a folder,
+    else the run of that name under `runs` ("tiny" -> runs/tiny), not resolved. Whether a run is
+    there is the caller's to check: each says what it expected to find."""
+    return Path(run) if Path(run).is_dir() else Path(runs) / run
 
 
 @dataclass(frozen=True)
@@ -83,13 +92,15 @@ class RunLayout:
         """The id of the MLflow run this run logs to (written when the run was prepared)."""
         return self.mlflow_run_id_file.read_text().strip()
 
-    def step_outputs(self, iteration: int, step: str) -> list[Path]:
-        """The files whose existence means `step` of `iteration` finished (from `PIPELINE`)."""
+    def step_outputs(self, iteration: int, step: str, saved: Collection[str] = ("policy", "rm")) -> list[Path]:
+        """The files whose existence means `step` of `iteration` finished (from `PIPELINE`);
+        `saved`: the models the run checkpoints (`tasks.common.saved_models`: a policy-only
+        run's rm_update writes no checkpoint)."""
         decl = next((s for s in PIPELINE if s.name == step), None)
         if decl is None:
             raise ValueError(f"unknown step {step!r}; steps are {', '.join(STEPS)}")
         paths = [self.artifact(iteration, name) for name in decl.artifacts]
-        if decl.checkpoint:
+        if decl.checkpoint in saved:
             paths.append(self.checkpoint(decl.checkpoint, iteration) / "config.json")
         if decl.next_tasks:
             paths.append(self.tasks_snapshot(iteration + 1))

@@ -31,9 +31,18 @@ def open_run(run_dir: str) -> tuple[Config, RunLayout]:
     return load_config(layout.config), layout
 
 
+def saved_models(config: Config) -> tuple[str, ...]:
+    """The models whose weights every iteration checkpoints: the policy, and the RM unless the run
+    has none in its loop (rm.judgments_per_step 0, the policy-only arm: the config then has it
+    frozen, and no step loads it). Its checkpoints would only copy its base weights (538 MB an
+    iteration for SmolLM2-135M), so none is written and its weights are the base's (`model_path`)."""
+    return ("policy", "rm") if config.rm.judgments_per_step else ("policy",)
+
+
 def model_path(config: Config, layout: RunLayout, kind: str, iteration: int) -> Path:
-    """Weights a step of `iteration` starts from: last iteration's checkpoint, or the base."""
-    if iteration > 0:
+    """Weights a step of `iteration` starts from: last iteration's checkpoint, or the base (in
+    iteration 0, and always for a model the run does not checkpoint: `saved_models`)."""
+    if iteration > 0 and kind in saved_models(config):
         return layout.checkpoint(kind, iteration - 1)
     return resolve_model_path(config.policy.model if kind == "policy" else config.rm_model)
 

@@ -2,7 +2,9 @@
 
 Both start from the previous iteration's checkpoint (weights and AdamW moments) and write
 this iteration's, even when no sample survived the filters, so the next iteration always has
-one to load.
+one to load. The exception is an RM the run never loads nor trains (no RM in the loop,
+`tasks.common.saved_models`): its update writes an empty rm_update.parquet and no checkpoint,
+which would only copy its base weights; whoever needs them takes the base (`model_path`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging
 import pandas as pd
 
 from rlanything.algo.mismatch import combine_steps
-from rlanything.config import PolicyConfig, RewardModelConfig
+from rlanything.config import Config, PolicyConfig, RewardModelConfig
 from rlanything.metric_names import STEP_MEASURES, update_metric
 from rlanything.models.distributed import UpdateJob, launch_update, run_update
 from rlanything.models.precision import recompute_old_logprobs, run_precision
@@ -24,7 +26,7 @@ from rlanything.storage.artifacts import artifact_rows, read_artifact, write_art
 from rlanything.storage.checkpoints import folder_bytes
 from rlanything.storage.layout import RunLayout
 from rlanything.storage.schemas import UPDATE
-from rlanything.tasks.common import model_path, open_run, step_task
+from rlanything.tasks.common import model_path, open_run, saved_models, step_task
 
 
 def to_samples(rows: pd.DataFrame) -> list[Sample]:
@@ -43,9 +45,35 @@ def steps_taken(layout: RunLayout, kind: str, iteration: int) -> int:
 
 def _update(run_dir: str, iteration: int, kind: str, samples: list[Sample], section: PolicyConfig | RewardModelConfig):
     config, layout = open_run(run_dir)
-    optim = section.optim
-    samples = [] if optim.frozen else samples  # a control run: the checkpoint keeps the start weights
+    samples = [] if section.optim.frozen else samples  # a control run: the checkpoint keeps the start weights
     first_step = steps_taken(layout, kind, iteration)
+    history = []  # and no checkpoint for a model the run never loads nor trains (`saved_models`)
+    if kind in saved_models(config):
+        job = _job(config, layout, iteration, kind, section, first_step)
+        if config.train.launch:  # DDP / DeepSpeed processes of their own (train.launch)
+            job_path = layout.iter_dir(iteration).resolve() / ".jobs" / f"{kind}_update.json"
+            history = launch_update(job, samples, config.train.launch, job_path)
+        else:
+            with progress(f"iter {iteration}: {kind}_update", len(samples)) as advance:
+                history = run_update(job, samples, config.train.backend, on_micro_batch=advance)
+    path = write_artifact(history, layout, iteration, f"{kind}_update")  # last: marks the step done
+    metrics = {update_metric(kind, "samples"): len(samples), update_metric(kind, "optimizer_steps"): len(history)}
+    metrics[f"checkpoint/{kind}_bytes_written"] = folder_bytes(layout.checkpoint(kind, iteration))
+    if history:
+        metrics |= _history_metrics(config, layout, kind, history, first_step)
+    return [path], metrics  # checkpoints stay in the run folder: too big to copy per iteration
+
+
+def _job(
+    config: Config,
+    layout: RunLayout,
+    iteration: int,
+    kind: str,
+    section: PolicyConfig | RewardModelConfig,
+    first_step: int,
+) -> UpdateJob:
+    """The update of `kind` in `iteration`: from the previous checkpoint (or the base) to this one."""
+    optim = section.optim
     precision = run_precision(config, layout.run_dir)[kind]
     generation, update = precision["generation"].precision, precision["update"].precision
     recompute = recompute_old_logprobs(config.algo.old_logprobs, generation, update)
@@ -55,7 +83,7 @@ def _update(run_dir: str, iteration: int, kind: str, samples: list[Sample], sect
             "(generation and update both fp32); set algo.old_logprobs trainer to use it",
             kind,
         )
-    job = UpdateJob(
+    return UpdateJob(
         start=str(model_path(config, layout, kind, iteration).resolve()),
         out=str(layout.checkpoint(kind, iteration).resolve()),
         precision=update,
@@ -80,30 +108,21 @@ def _update(run_dir: str, iteration: int, kind: str, samples: list[Sample], sect
         device=section.device,
         extra={"kind": kind, "iteration": iteration},
     )
-    if config.train.launch:  # DDP / DeepSpeed processes of their own (train.launch)
-        job_path = layout.iter_dir(iteration).resolve() / ".jobs" / f"{kind}_update.json"
-        history = launch_update(job, samples, config.train.launch, job_path)
-    else:
-        with progress(f"iter {iteration}: {kind}_update", len(samples)) as advance:
-            history = run_update(job, samples, config.train.backend, on_micro_batch=advance)
-    path = write_artifact(history, layout, iteration, f"{kind}_update")  # last: marks the step done
+
+
+def _history_metrics(config: Config, layout: RunLayout, kind: str, history: list[dict], first_step: int) -> dict:
+    """The update's sample-weighted measures, its lr, mismatch and tokens; every optimizer step's
+    measures go to MLflow at x = the run's optimizer step (MLflow charts them per step)."""
     frame = pd.DataFrame(history, columns=UPDATE.names)
-    metrics = {update_metric(kind, "samples"): len(samples), update_metric(kind, "optimizer_steps"): len(history)}
-    metrics[f"checkpoint/{kind}_bytes_written"] = folder_bytes(layout.checkpoint(kind, iteration))
-    if history:
-        weights = frame.num_samples / frame.num_samples.sum()
-        for key in STEP_MEASURES:
-            metrics[update_metric(kind, key)] = float((frame[key] * weights).sum())
-        metrics[update_metric(kind, "lr_last")] = float(frame.lr.iloc[-1])
-        metrics |= _mismatch(kind, frame)
-        metrics[f"tokens/{kind}_trained"] = int(frame.num_tokens.sum())
-        # every optimizer step's measures, x = the run's optimizer step (MLflow charts them per step)
-        for row in frame.itertuples(index=False):
-            step_metrics = {f"{kind}_step/{key}": getattr(row, key) for key in (*STEP_MEASURES, "lr")}
-            tracking.log_metrics(
-                config.mlflow_uri, layout.mlflow_run_id(), step_metrics, step=first_step + row.update_idx
-            )
-    return [path], metrics  # checkpoints stay in the run folder: too big to copy per iteration
+    weights = frame.num_samples / frame.num_samples.sum()
+    metrics = {update_metric(kind, key): float((frame[key] * weights).sum()) for key in STEP_MEASURES}
+    metrics[update_metric(kind, "lr_last")] = float(frame.lr.iloc[-1])
+    metrics |= _mismatch(kind, frame)
+    metrics[f"tokens/{kind}_trained"] = int(frame.num_tokens.sum())
+    for row in frame.itertuples(index=False):
+        step_metrics = {f"{kind}_step/{key}": getattr(row, key) for key in (*STEP_MEASURES, "lr")}
+        tracking.log_metrics(config.mlflow_uri, layout.mlflow_run_id(), step_metrics, step=first_step + row.update_idx)
+    return metrics
 
 
 def _mismatch(kind: str, frame: pd.DataFrame) -> dict[str, float]:
