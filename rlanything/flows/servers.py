@@ -304,6 +304,12 @@ def serve_training(
             "deployment": f"{train_flow.name}/{name}",
         },
     )
+    # A shell's background job (`rlanything serve &` in a script, without job control) starts
+    # with SIGINT ignored, and Python then installs no KeyboardInterrupt handler: Ctrl-C or
+    # `kill -INT` would leave serve running for good. train, resume and eval install their own
+    # handlers (stopping.py); serve relies on Prefect's runner ending on KeyboardInterrupt.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         train_flow.serve(
             name=name,
