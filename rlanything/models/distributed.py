@@ -46,6 +46,7 @@ from rlanything import procs
 from rlanything.algo.schedule import learning_rate
 from rlanything.models.loading import ADAPTER_DIR, resolve_device
 from rlanything.models.lora import load_for_training
+from rlanything.models.precision import ACCELERATE_PRECISION
 from rlanything.models.saving import OPTIMIZER_STATE, save_checkpoint
 from rlanything.models.trainer import Sample, TorchBackend, make_optimizer, ppo_update
 
@@ -195,7 +196,7 @@ def _accelerate_update(job, model, tokenizer, optimizer, samples, kwargs) -> lis
     deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
     # accelerate (and DeepSpeed) run the arithmetic its config names: it must be the one the run
     # resolved and recorded, or the run would log one precision and train in another
-    mixed = {"no": "fp32", "bf16": "bf16"}.get(str(accelerator.mixed_precision), str(accelerator.mixed_precision))
+    mixed = ACCELERATE_PRECISION.get(str(accelerator.mixed_precision), str(accelerator.mixed_precision))
     if mixed != job.precision:
         raise ValueError(
             f"the update's precision is {job.precision} (optim.precision, precision.json) but the accelerate "

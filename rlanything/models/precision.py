@@ -14,6 +14,9 @@ autocast. `auto` picks bf16 where the hardware has bf16 matrix units and they pa
   hypervisor hid (docs/benchmarks.md): hence the timing, not the flag alone.
 * CUDA: bf16 on compute capability 8.0 and later (Ampere: native bf16; older GPUs emulate it
   and vLLM refuses it), as GPU RL frameworks do.
+* An update under accelerate (`train.backend: accelerate`) runs the arithmetic of the
+  accelerate config (its `mixed_precision`): `auto` follows it, and a setting that contradicts it
+  is refused when the run starts (`update_choice`), not at the first update.
 
 The CPU's flags come from /proc/cpuinfo, or from the environment variable RLANYTHING_CPU_FLAGS
 (space-separated) when it is set: for a container whose cpuinfo misleads, and for the test
@@ -32,6 +35,8 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from rlanything.config import ConfigError
 
 PRECISIONS = ("fp32", "bf16")
 TORCH_DTYPE_NAME = {"fp32": "float32", "bf16": "bfloat16"}  # how loading.load_model names them
@@ -120,9 +125,64 @@ def resolve(
     return Choice("fp32", f"auto: the CPU has {units} but {timed} (below {MIN_SPEEDUP}x)")
 
 
+ACCELERATE_PRECISION = {"no": "fp32", "bf16": "bf16"}  # accelerate's mixed_precision -> ours
+
+
+def accelerate_precision(train) -> tuple[str, str] | None:
+    """The arithmetic an accelerate update will run (`train`: the config's train section) and
+    where that is set -> (accelerate's mixed_precision, its source); None where the backend is
+    torch, or a launch command names no `--config_file` (accelerate's own default config
+    decides, unknown here: the update checks it when it starts).
+
+    `accelerate launch --config_file F` takes it from F's `mixed_precision` (absent: "no"); an
+    in-process Accelerator (no launch) from the environment variable accelerate reads,
+    ACCELERATE_MIXED_PRECISION (unset: "no")."""
+    if train.backend != "accelerate":
+        return None
+    if not train.launch:
+        return os.environ.get("ACCELERATE_MIXED_PRECISION", "no"), "ACCELERATE_MIXED_PRECISION"
+    flags = ("--config_file", "--config-file")
+    found = [train.launch[i + 1] for i, arg in enumerate(train.launch[:-1]) if arg in flags]
+    if not found:
+        return None
+    import yaml
+
+    path = Path(found[-1])
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as err:
+        raise ConfigError(f"train.launch names the accelerate config {path}, which cannot be read: {err}") from None
+    return str(data.get("mixed_precision", "no")), str(path)
+
+
+def update_choice(setting: str, device: str, train, speedup: Callable[[], float]) -> Choice:
+    """An update's precision: `resolve`, except that under accelerate (`train.backend`) the
+    arithmetic is the accelerate config's (`accelerate_precision`), so `auto` follows it and a
+    setting that contradicts it is refused now, when the run starts, not at its first update."""
+    known = accelerate_precision(train)
+    if known is None:
+        return resolve(setting, device, speedup=speedup)
+    mixed, source = known
+    if mixed not in ACCELERATE_PRECISION:
+        raise ConfigError(
+            f"the accelerate config ({source}) runs mixed_precision {mixed!r}: rlanything runs no or bf16"
+        )
+    if setting == "auto":
+        return Choice(
+            ACCELERATE_PRECISION[mixed], f"auto: the accelerate config ({source}) runs mixed_precision {mixed!r}"
+        )
+    if setting != ACCELERATE_PRECISION[mixed]:
+        raise ConfigError(
+            f"optim.precision is {setting} but the accelerate config ({source}) runs mixed_precision {mixed!r}: "
+            "set optim.precision to auto or to match it, or change mixed_precision there"
+        )
+    return resolve(setting, device, speedup=speedup)
+
+
 def resolve_sections(config) -> dict[str, dict[str, Choice]]:
     """Every precision a run uses: {"policy": {"generation", "update"}, "rm": {...},
-    "env_model": {"generation"}}, each resolved on its section's device."""
+    "env_model": {"generation"}}, each resolved on its section's device (the updates under
+    accelerate: `update_choice`)."""
     from rlanything.models.loading import resolve_device
 
     speedup = functools.cache(bf16_matmul_speedup)  # timed at most once, for every section alike
@@ -132,7 +192,7 @@ def resolve_sections(config) -> dict[str, dict[str, Choice]]:
         device = str(resolve_device(section.device))
         out[name] = {"generation": resolve(section.precision, device, speedup=speedup)}
         if name != "env_model":
-            out[name]["update"] = resolve(section.optim.precision, device, speedup=speedup)
+            out[name]["update"] = update_choice(section.optim.precision, device, config.train, speedup)
     return out
 
 

@@ -3,6 +3,7 @@
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,6 +75,42 @@ def test_an_update_whose_accelerate_config_runs_another_precision_is_refused(tin
     with pytest.raises(ValueError, match="precision is bf16.*mixed_precision 'no'"):
         run_update(job, [], backend="accelerate")
     assert not (tmp_path / "out").exists()
+
+
+def _train(launch_config: str | None = None, launch: bool = True) -> dict:
+    command = ["accelerate", "launch"] + (["--config_file", launch_config] if launch_config else [])
+    return {"train": {"backend": "accelerate", "launch": command if launch else []}}
+
+
+def test_under_accelerate_auto_follows_its_config_and_a_contradiction_is_refused_at_the_start(monkeypatch, tmp_path):
+    """On a CPU where `auto` alone picks bf16, an update under the shipped 2-process DeepSpeed
+    config (mixed_precision 'no') resolves fp32 when the run starts, instead of failing at its
+    first update; a config saying bf16 is followed; an explicit contradiction is a ConfigError
+    naming the file; the in-process Accelerator's precision comes from its environment variable."""
+    monkeypatch.setenv(FLAGS_ENV, "avx512_bf16")
+    monkeypatch.setattr("rlanything.models.precision.bf16_matmul_speedup", lambda: 2.0)  # units that pay
+    shipped = "configs/accelerate/cpu_deepspeed_zero2.yaml"
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # launch paths are the shell's, as accelerate reads them
+    assert precision_of(build_config({}), "policy", "update") == "bf16"  # backend torch
+    chosen = run_precision(build_config(_train(shipped)), tmp_path)
+    for name in ("policy", "rm"):
+        assert chosen[name]["update"].precision == "fp32"
+        assert chosen[name]["update"].reason == f"auto: the accelerate config ({shipped}) runs mixed_precision 'no'"
+        assert chosen[name]["generation"].precision == "bf16"  # generation is not accelerate's
+    bf16_file = tmp_path / "bf16.yaml"
+    bf16_file.write_text("distributed_type: DEEPSPEED\nmixed_precision: bf16\n")
+    assert precision_of(build_config(_train(str(bf16_file))), "rm", "update") == "bf16"
+    contradiction = build_config(_train(shipped) | {"policy": {"optim": {"precision": "bf16"}}})
+    with pytest.raises(ConfigError, match=f"optim.precision is bf16 but the accelerate config \\({shipped}\\)"):
+        precision_of(contradiction, "policy", "update")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        precision_of(build_config(_train(str(tmp_path / "missing.yaml"))), "policy", "update")
+    # launched without --config_file: accelerate's own default decides, unknown here
+    assert precision_of(build_config(_train()), "policy", "update") == "bf16"
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    assert precision_of(build_config(_train(launch=False)), "policy", "update") == "fp32"
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    assert precision_of(build_config(_train(launch=False)), "policy", "update") == "bf16"
 
 
 def test_the_old_dtype_key_reads_as_both_precisions_with_a_warning(caplog):
