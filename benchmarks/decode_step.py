@@ -98,10 +98,13 @@ def step_ms(model, rows: int, shared: int, own: int, held_once: bool, steps: int
     return fastest_ms(decoder.step, steps)
 
 
-def ct2_step_ms(model_dir: Path, work: Path, rows: int, shapes: list[tuple[int, int]]) -> dict:
-    """CTranslate2 float32's fastest ms per decoding step of `rows` whole prompts, per (shared, own)."""
+def ct2_step_ms(
+    model_dir: Path, work: Path, rows: int, shapes: list[tuple[int, int]], quantization: str = "float32"
+) -> dict:
+    """CTranslate2's fastest ms per decoding step of `rows` whole prompts, per (shared, own), on
+    the model converted to `quantization` (float32, or int8: int8 weights, float32 elsewhere)."""
     tokenizer = load_tokenizer(model_dir)
-    generator = CT2(model_dir, work, "float32", tokenizer, eos_ids_of(model_dir, tokenizer)).generator
+    generator = CT2(model_dir, work, quantization, tokenizer, eos_ids_of(model_dir, tokenizer)).generator
     gen = torch.Generator().manual_seed(0)
 
     def run(prompts, n: int) -> float:

@@ -60,3 +60,23 @@ def test_textgame_base_benchmark_plays_held_out_games_and_prints_the_win_rate(tm
     assert done and int(done.group(3)) == sum(int(t[0]) for t in turns), out.stdout  # a reply per game and turn
     # the worked example (a won game of the same settings) was generated beside the two games
     assert len(list(tmp_path.glob("custom-*/game.z8"))) == 3
+
+
+def test_int8_benchmark_times_torch_int8_beside_fp32_and_bf16_and_prints_each_mismatch():
+    """The int8 benchmark as shipped, shrunk: our step in fp32, bf16 and torch int8, and each
+    mismatch against fp32 (bf16 small, int8 nonzero), in lines that parse."""
+    command = [sys.executable, "benchmarks/int8_generation.py", "--rows", "4", "--steps", "2", "--shape", "9:6"]
+    out = subprocess.run([*command, "--no-ct2"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    times = re.findall(r"4 rows, shared 9 own 6 \| (ours [\w ]+?) +([\d.]+) ms \| ours fp32 / it ([\d.]+)", out.stdout)
+    assert [t[0] for t in times] == ["ours fp32", "ours bf16", "ours torch int8"], out.stdout
+    assert all(float(ms) > 0 for _, ms, _ in times) and float(times[0][2]) == 1.0
+    found = dict(
+        (label, (float(mean), int(n)))
+        for label, mean, n in re.findall(
+            r"mismatch against ours fp32 \| (ours [\w ]+?) +\|Δ log p\| mean ([\d.]+), .* of (\d+) tokens", out.stdout
+        )
+    )
+    # predicted tokens: the prefix's 8 once, then each row's 9 + 6 - 3 - 1 - 9 of its own
+    assert set(found) == {"ours bf16", "ours torch int8"} and {n for _, n in found.values()} == {8 + 4 * 2}
+    assert 0 < found["ours bf16"][0] < 1 and found["ours torch int8"][0] > 0, out.stdout
