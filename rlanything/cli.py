@@ -72,6 +72,10 @@ def _this_command() -> str:
 def _run(config_path: Path, overrides: list[str], iterations: int | None) -> None:
     try:
         config = load_config(config_path, overrides)  # fail fast, before Prefect starts
+        if config.run.executor == "ray":  # so is a cluster that is not there: one line, no flow run
+            from rlanything.models.ray_engine import connect
+
+            connect(config.run.ray_address)
     except ConfigError as err:
         _fail(str(err))
     from rlanything.flows.interrupt import handle_stops

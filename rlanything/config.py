@@ -67,6 +67,32 @@ class RunConfig(_Section):
     policy_update: rlanything-step/training} (README "Scheduling"). The run folder must then be
     at the same path on a filesystem every worker sees. Not in the run's digest: where a step
     runs changes none of its files."""
+    executor: Literal["local", "ray"] = "local"
+    """Where the rollout and rm_score steps generate. `local`: in the step's own process. `ray`:
+    their generation calls are cut into shards (contiguous rows, so whole task groups and a
+    trajectory's steps stay together) played by `ray_workers` Ray actors that keep their engines
+    loaded across iterations and reload only when a step names new weights, read from the run
+    folder (models/ray_engine.py; docs/scaling.md). Every row keeps its noise stream; its logits
+    agree with the local run's to float rounding (~1e-6: a row's batch mates change the kernels'
+    summation order), so the log-probs differ in their last bits and, rarely, a sampled token
+    (measured: none on configs/tiny.yaml, 2 of 96 SmolLM2 judgments). With
+    `algo.old_logprobs: trainer` and no moved token, checkpoints match a local run's bit for bit
+    (tested on configs/tiny.yaml). Transformers engines only. Not in the run's digest."""
+    ray_address: str = "auto"
+    """The Ray cluster of `executor: ray`: `auto` (the cluster `ray start` started on this
+    machine, or RAY_ADDRESS), `host:port` (its head's GCS) or `ray://host:port` (Ray Client).
+    Run folder and checkpoints must be at the same path on every machine of the cluster."""
+    ray_workers: int = Field(2, ge=1)
+    """`executor: ray`: engine actors (one CPU each), each holding a policy and an RM engine;
+    a generation call is cut into this many shards."""
+
+    @field_validator("ray_address")
+    @classmethod
+    def _ray_address(cls, address: str) -> str:
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        if address == "auto" or (host and port.isdigit()):
+            return address
+        raise ValueError(f"{address!r} is not a Ray address: auto, host:port or ray://host:port")
 
     @field_validator("root")
     @classmethod
@@ -574,10 +600,13 @@ class Config(_Section):
     def digest(self) -> str:
         """Stable hash of what determines a run's artifacts (part of every step's cache key).
         `run.iterations` is left out: extending a run must not invalidate finished steps; so are
-        `run.step_deployments`, `run.keep_checkpoints` and `eval`: where a step runs, how many old
+        `run.step_deployments`, `run.keep_checkpoints`, `run.executor` (and its Ray settings) and
+        `eval`: where a step runs, how many old
         checkpoints stay and how checkpoints are evaluated change none of its files."""
         data = self.to_dict()
         del data["run"]["iterations"], data["run"]["step_deployments"], data["run"]["keep_checkpoints"]
+        for key in ("executor", "ray_address", "ray_workers"):  # where generation runs: same samples
+            del data["run"][key]
         data.pop("eval")  # evaluation reads checkpoints; it changes none of training's files
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -162,8 +162,10 @@ class Decoder:
         seed,
         choice: Choice | None = None,
         prefix: SharedPrefix | None = None,
+        row_ids: list[int] | None = None,
     ):
         self.model, self.eos, self.choice, self.prefix = model, set(eos_ids), choice, prefix
+        self.row_ids = row_ids  # a shard's rows: their indices in the whole call (the seed rule)
         self.max_new, self.temperature, self.top_p, self.seed = max_new_tokens, temperature, top_p, seed
         extra = (
             0 if choice is None else len(choice.opener) + max(map(len, choice.options.values())) + len(choice.closer)
@@ -216,7 +218,8 @@ class Decoder:
         return forward(self.model, self.prefix, position_ids, **inputs).logits[:, -1]
 
     def _row(self, index: int) -> Row:
-        row = Row(index, uniforms(self.seed, index, self.max_new + 1))
+        noise_index = index if self.row_ids is None else self.row_ids[index]
+        row = Row(index, uniforms(self.seed, noise_index, self.max_new + 1))
         if self.max_new == 0:  # a Choice right after the prompt
             row.forced = list(self.choice.opener)
         return row

@@ -148,20 +148,27 @@ class TransformersEngine:
         return self.continuous
 
     @torch.no_grad()
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed, prefix_cache=None, choice=None):
+    def generate(
+        self, prompts, *, max_new_tokens, temperature, top_p, seed, prefix_cache=None, choice=None, row_ids=None
+    ):
         """Continuous batching (`models.decode`): prompts join in order of length as rows end;
-        samples follow the decode module's seed rule (row i of the call: its own noise stream).
-        `choice`: a `Choice` appended to every row in the same pass. Models with sliding-window
-        layers decode in fixed batches with `model.generate`."""
+        samples follow the decode module's seed rule (row i of the call, or row `row_ids[i]` of
+        the call a shard was cut from: its own noise stream). `choice`: a `Choice` appended to
+        every row in the same pass. Models with sliding-window layers decode in fixed batches
+        with `model.generate`, whose noise depends on the batch: they cannot be sharded."""
         if not self.continuous:
             if choice is not None:
                 raise ValueError("sliding-window models decode no Choice (decodes_choices is False)")
+            if row_ids is not None:
+                raise ValueError("sliding-window models sample per batch: their generation cannot be sharded")
             return self._generate_fixed(prompts, max_new_tokens, temperature, top_p, seed)
         if max_new_tokens == 0 and choice is None:
             return [Generation([], [], "", "length") for _ in prompts]
         with shared_prefix_attention(self.model) as shares:
             prefix = self._shared_prefix(prompts) if shares else None
-            decoder = Decoder(self.model, self.eos_ids, max_new_tokens, temperature, top_p, seed, choice, prefix)
+            decoder = Decoder(
+                self.model, self.eos_ids, max_new_tokens, temperature, top_p, seed, choice, prefix, row_ids
+            )
             return self._decode(decoder, prompts, prefix_cache, choice)
 
     def _decode(self, decoder: Decoder, prompts, prefix_cache, choice):

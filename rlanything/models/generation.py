@@ -130,12 +130,15 @@ class GenerationEngine(Protocol):
         seed: int,
         prefix_cache: PrefixCache | None = None,
         choice: Choice | None = None,
+        row_ids: list[int] | None = None,
     ) -> list[Generation]:
         """One `Generation` per prompt (token ids in; token ids and the log-prob of each under
         log_softmax(logits / T), without top-p truncation, out); the same `seed` repeats the
         samples. `prefix_cache`: the caller's KV of its last call (engines that cache prefixes
         themselves ignore it). `choice`: a `Choice` appended to every generation, its option in
-        `Generation.choice` (engines with `decodes_choices` only; the others raise ValueError)."""
+        `Generation.choice` (engines with `decodes_choices` only; the others raise ValueError).
+        `row_ids`: each prompt's index in the whole call a shard was cut from (models/ray_engine.py),
+        which picks its noise stream; None: its place in this call."""
         ...
 
     def score(

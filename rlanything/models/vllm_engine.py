@@ -214,7 +214,9 @@ class VllmEngine:
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             return list(pool.map(fn, items))
 
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p, seed, prefix_cache=None, choice=None):
+    def generate(
+        self, prompts, *, max_new_tokens, temperature, top_p, seed, prefix_cache=None, choice=None, row_ids=None
+    ):
         # prefix_cache is not needed: the server caches prefixes itself (vLLM's automatic prefix caching)
         if choice is not None:
             raise ValueError("the vLLM engine decodes no Choice (decodes_choices is False)")
@@ -243,7 +245,7 @@ class VllmEngine:
             self.on_batch(1)
             return finish(tokens, logprobs, self.eos_ids, self.tokenizer, choice["finish_reason"])
 
-        return self._map(one, list(enumerate(prompts)))
+        return self._map(one, list(zip(row_ids if row_ids is not None else range(len(prompts)), prompts)))
 
     def score(self, prompts, continuations, *, temperature, prefix_cache=None):
         if temperature != 1.0:

@@ -17,7 +17,9 @@ from prefect.cache_policies import CacheKeyFnPolicy
 from rlanything import stopping
 from rlanything.config import Config, load_config
 from rlanything.metric_names import step_time
+from rlanything.models.engine_factory import make_engine
 from rlanything.models.loading import resolve_model_path
+from rlanything.models.ray_engine import kill_a_worker_next, make_ray_engine
 from rlanything.storage import tracking
 from rlanything.storage.layout import STEPS, RunLayout
 from rlanything.tasks import cancellation
@@ -47,6 +49,15 @@ def model_path(config: Config, layout: RunLayout, kind: str, iteration: int) -> 
     return resolve_model_path(config.policy.model if kind == "policy" else config.rm_model)
 
 
+def step_engine(config: Config, role: str, model_dir: Path, precision: str, on_batch, log_path: Path):
+    """The engine a sampling step generates with (`models.engine_factory.make_engine`), sharded
+    over the Ray cluster's engine actors with `run.executor: ray` (`models.ray_engine`)."""
+    section = config.policy if role == "policy" else config.rm
+    if config.run.executor == "ray":
+        return make_ray_engine(config.run, section, role, model_dir, precision, on_batch)
+    return make_engine(section, role, model_dir, precision, on_batch, log_path)
+
+
 def weights_label(layout: RunLayout, weights: str) -> str:
     """How samples name the weights that produced them: a checkpoint of this run relative to
     the run folder ("checkpoints/policy/iter_0000", so a moved or resumed run reads the same),
@@ -62,7 +73,7 @@ class InjectedFault(RuntimeError):
     """Raised by `RLANYTHING_FAULT=raise:<step>`."""
 
 
-FAULT_ACTIONS = ("sigkill", "raise", "sigint", "sigterm", "hold")
+FAULT_ACTIONS = ("sigkill", "raise", "sigint", "sigterm", "hold", "sigkill-worker")
 HOLD_LIMIT_S = 600  # "hold" gives up after this long and lets the step run
 FAULT_POINTS = (*STEPS, "eval")  # the steps, and the held-out evaluation of a checkpoint
 
@@ -96,12 +107,17 @@ def inject_fault(step: str, iteration: int, phase: str) -> None:
     own (`setsid`, `start_new_session`). "hold:rollout@0" keeps the step in progress until a stop
     request ends it (checked every 0.1 s, at most HOLD_LIMIT_S): a step surely running when a
     test cancels the run from outside. PHASE is `start` (default) or `end`; STEP may also be
-    `eval`, the held-out evaluation of ITERATION's checkpoint."""
+    `eval`, the held-out evaluation of ITERATION's checkpoint. "sigkill-worker:rollout@1" (with
+    `run.executor: ray`) has the step's first sharded generation call kill its first Ray worker
+    with SIGKILL in the middle of its shard (`models.ray_engine.kill_a_worker_next`)."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
     action, at_step, at_iteration, at_phase = parse_fault(spec)
     if (at_step, at_phase) != (step, phase) or at_iteration not in (None, iteration):
+        return
+    if action == "sigkill-worker":
+        kill_a_worker_next()
         return
     if action == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)

@@ -18,7 +18,6 @@ from rlanything.algo.parsing import FALLBACKS
 from rlanything.environment import runs_code
 from rlanything.envs import make_env
 from rlanything.envs.verification import label_episode, verify_episode
-from rlanything.models.engine_factory import make_engine
 from rlanything.models.generation import PrefixCache
 from rlanything.models.precision import precision_of
 from rlanything.progress import progress
@@ -26,7 +25,7 @@ from rlanything.seeding import derive_seed
 from rlanything.storage.artifacts import read_artifact, write_artifact
 from rlanything.storage.buffer import read_buffer, sample_batch
 from rlanything.storage.parquet import write_bytes
-from rlanything.tasks.common import model_path, open_run, step_task, weights_label
+from rlanything.tasks.common import model_path, open_run, step_engine, step_task, weights_label
 
 
 @step_task("rollout")
@@ -45,9 +44,7 @@ def rollout(run_dir: str, iteration: int):
 
     with progress(f"iter {iteration}: rollout", total) as advance:
         precision = precision_of(config, "policy", "generation", layout.run_dir)
-        engine, tokenizer = make_engine(
-            config.policy, "policy", path, precision, advance, layout.run_dir / "vllm-policy.log"
-        )
+        engine, tokenizer = step_engine(config, "policy", path, precision, advance, layout.run_dir / "vllm-policy.log")
         cache = PrefixCache()
         rows, episodes = play(
             engine,

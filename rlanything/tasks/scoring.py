@@ -12,14 +12,13 @@ from rlanything import metric_names as names
 from rlanything.agent.judging import judge_as_configured
 from rlanything.algo.rm_accuracy import guard, outcome_prediction, process_accuracy, process_auroc, verdict_shares
 from rlanything.algo.samples import select_samples
-from rlanything.models.engine_factory import make_engine
 from rlanything.models.generation import PrefixCache
 from rlanything.models.precision import precision_of
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
 from rlanything.storage.artifacts import read_artifact, write_artifact
 from rlanything.storage.schemas import ADVANTAGES, JUDGMENTS
-from rlanything.tasks.common import model_path, open_run, step_task, weights_label
+from rlanything.tasks.common import model_path, open_run, step_engine, step_task, weights_label
 from rlanything.tasks.unit_tests import score_with_unit_tests, unit_test_advantage_rows
 from rlanything.tasks.unit_tests import solutions as unit_test_solutions
 
@@ -68,7 +67,7 @@ def rm_score(run_dir: str, iteration: int):
     with progress(f"iter {iteration}: rm_score", len(todo) * config.rm.judgments_per_step) as advance:
         if todo:  # with no RM in the loop (m = 0, the policy-only arm) nothing is loaded or judged
             precision = precision_of(config, "rm", "generation", layout.run_dir)
-            engine, tokenizer = make_engine(config.rm, "rm", path, precision, advance, layout.run_dir / "vllm-rm.log")
+            engine, tokenizer = step_engine(config, "rm", path, precision, advance, layout.run_dir / "vllm-rm.log")
             seed = derive_seed(config.run.seed, iteration, "rm_score")
             rows = judge_as_configured(engine, tokenizer, todo, config, seed, prefix_cache=cache)
             weights = weights_label(layout, engine.weights)

@@ -1,0 +1,152 @@
+"""`run.executor: ray` on a real local Ray cluster (2 worker CPUs, started by the fixture with
+`ray start --head`, stopped after the module even when a test fails): the sharded rollout and
+rm_score write the local run's files, a Ray worker killed by SIGKILL in the middle of a rollout
+is survived with the same files, and a cluster that is not there is one line of error.
+
+What "the same files" means, measured: every column of rollouts.parquet and judgments.parquet
+equal, except the engine's log-probs, which agree to float rounding (a row's batch mates change
+the attention's summation order: ~1e-6); advantages.parquet equal; the checkpoints byte for byte
+equal with `algo.old_logprobs: trainer` (the update then reads no sampler log-prob).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("ray")
+
+from ray._raylet import Config  # noqa: E402
+
+from rlanything.models import ray_engine  # noqa: E402
+from rlanything.storage.layout import RunLayout  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = str(REPO / "configs" / "tiny.yaml")
+# the update reads no sampler log-prob: those agree with a local run's to rounding only
+EXACT = ["algo.old_logprobs=trainer"]
+FLOAT_COLUMNS = {"logprobs"}  # the engine's own, per token: equal to ~1e-6
+COMPARED = ("rollouts", "judgments", "advantages")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster of 2 one-CPU workers, small object store -> its address; `ray stop`
+    afterwards, whatever happened. Ray 2.60 authenticates with a token: a fresh one, given to
+    the cluster and this process through the environment (an explicit address never picks up
+    ~/.ray/auth_token, and none is written there)."""
+    ray_bin = Path(sys.executable).parent / "ray"
+    address = f"127.0.0.1:{free_port()}"
+    start = [str(ray_bin), "start", "--head", f"--port={address.split(':')[1]}", "--num-cpus=2", "--num-gpus=0"]
+    start += ["--object-store-memory=150000000", "--include-dashboard=false", "--disable-usage-stats"]
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    saved = {key: os.environ.get(key) for key in auth}
+    os.environ.update(auth)
+    Config.initialize("")  # Ray read its auth mode when imported: read it again (as Ray does when it turns auth on)
+    try:
+        subprocess.run(start, check=True, capture_output=True, timeout=120, cwd=REPO)
+        yield address
+    finally:
+        ray_engine.shutdown()
+        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, timeout=120)
+        for key, value in saved.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
+        Config.initialize("")
+
+
+def train(root: Path, name: str, overrides: list[str]) -> RunLayout:
+    from rlanything.flows.training import train_flow
+
+    result = train_flow(TINY, [f"run.root={root}", f"run.name={name}", "run.seed=3", *EXACT, *overrides], 2)
+    return RunLayout(Path(result["run_dir"]))
+
+
+@pytest.fixture(scope="module")
+def local_run(prefect_server, tmp_path_factory) -> RunLayout:
+    return train(tmp_path_factory.mktemp("ray-local"), "local", [])
+
+
+def assert_same_files(ray_run: RunLayout, local: RunLayout) -> None:
+    for iteration in (0, 1):
+        for name in COMPARED:
+            mine = pd.read_parquet(ray_run.iter_dir(iteration) / f"{name}.parquet")
+            theirs = pd.read_parquet(local.iter_dir(iteration) / f"{name}.parquet")
+            assert list(mine.columns) == list(theirs.columns) and len(mine) == len(theirs) > 0, (name, iteration)
+            for column in mine.columns:
+                if column in FLOAT_COLUMNS:
+                    a, b = np.concatenate(mine[column].to_numpy()), np.concatenate(theirs[column].to_numpy())
+                    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5, err_msg=f"{name}.{column} iter {iteration}")
+                else:
+                    pd.testing.assert_series_equal(
+                        mine[column], theirs[column], obj=f"{name}.{column} iter {iteration}"
+                    )
+    files = sorted(p.relative_to(local.run_dir) for p in (local.run_dir / "checkpoints").rglob("*") if p.is_file())
+    assert any(p.suffix == ".safetensors" for p in files)
+    for path in files:
+        assert (ray_run.run_dir / path).read_bytes() == (local.run_dir / path).read_bytes(), path
+
+
+def test_sharded_run_writes_the_local_files(local_run, ray_cluster, tmp_path):
+    ray_run = train(tmp_path, "ray", ["run.executor=ray", f"run.ray_address={ray_cluster}", "run.ray_workers=2"])
+    assert_same_files(ray_run, local_run)
+    pids = {pid for _, pid in ray_engine.workers(2)}
+    assert len(pids) == 2 and os.getpid() not in pids  # two worker processes, not this one
+
+
+def test_a_killed_worker_is_survived(local_run, ray_cluster, tmp_path, monkeypatch, caplog):
+    ray_engine.connect(ray_cluster)
+    before = [pid for _, pid in ray_engine.workers(2)]
+    monkeypatch.setenv("RLANYTHING_FAULT", "sigkill-worker:rollout@1")
+    with caplog.at_level(logging.WARNING, logger=ray_engine.__name__):
+        ray_run = train(tmp_path, "ray-kill", ["run.executor=ray", f"run.ray_address={ray_cluster}"])
+    died = [r.getMessage() for r in caplog.records if "died" in r.getMessage()]
+    assert len(died) == 1 and f"pid {before[0]}" in died[0] and "policy shard 0" in died[0], died
+    after = [pid for _, pid in ray_engine.workers(2)]
+    assert after[0] != before[0] and after[1] == before[1]  # a new worker took the dead one's place
+    with pytest.raises(ProcessLookupError):
+        os.kill(before[0], 0)
+    assert_same_files(ray_run, local_run)
+
+
+def test_an_unreachable_cluster_is_one_line(tmp_path):
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    args = ["train", "-c", TINY, "--set", f"run.root={tmp_path}", "--set", "run.executor=ray"]
+    args += ["--set", f"run.ray_address={address}"]
+    env = {**os.environ, "COLUMNS": "300", "RLANYTHING_FAULT": ""}
+    done = subprocess.run([sys.executable, "-m", "rlanything.cli", *args], capture_output=True, text=True, env=env)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode == 2, lines
+    assert len(lines) == 1 and lines[0].startswith("error: no Ray cluster reachable") and address in lines[0], lines
+    assert not (tmp_path / "tiny").exists()  # refused before anything was written
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_the_executor_settings_are_checked_and_left_out_of_the_digest():
+    from rlanything.config import ConfigError, load_config
+
+    local = load_config(TINY)
+    assert (local.run.executor, local.run.ray_address, local.run.ray_workers) == ("local", "auto", 2)
+    ray = load_config(TINY, ["run.executor=ray", "run.ray_address=ray://10.0.0.1:10001", "run.ray_workers=8"])
+    assert ray.digest() == local.digest()  # a run started locally resumes on a cluster, and back
+    for bad in ("run.executor=dask", "run.ray_address=10.0.0.1", "run.ray_workers=0"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0].split(".")[1]):
+            load_config(TINY, [bad])
