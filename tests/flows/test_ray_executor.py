@@ -55,9 +55,13 @@ def ray_cluster():
     address = f"127.0.0.1:{free_port()}"
     start = [str(ray_bin), "start", "--head", f"--port={address.split(':')[1]}", "--num-cpus=2", "--num-gpus=0"]
     start += ["--object-store-memory=150000000", "--include-dashboard=false", "--disable-usage-stats"]
-    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-    saved = {key: os.environ.get(key) for key in auth}
-    os.environ.update(auth)
+    cluster_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    # Ray's memory monitor kills workers when the machine passes 95% of its memory, which other
+    # processes on a shared test machine can cause (seen: two evaluations beside the suite killed
+    # both workers twice): off for this cluster, whose workers hold ~0.4 GB each
+    cluster_env["RAY_memory_monitor_refresh_ms"] = "0"
+    saved = {key: os.environ.get(key) for key in cluster_env}
+    os.environ.update(cluster_env)
     Config.initialize("")  # Ray read its auth mode when imported: read it again (as Ray does when it turns auth on)
     try:
         subprocess.run(start, check=True, capture_output=True, timeout=120, cwd=REPO)
