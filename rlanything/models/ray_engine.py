@@ -28,7 +28,8 @@ configs/tiny.yaml's two iterations; 2 of 96 SmolLM2 judgments of 32 tokens, none
 the same shards without `row_ids` change half the rollouts). Batch-invariant kernels would close
 that gap; none are used here.
 
-A worker that dies (a killed process, a lost machine) fails its shard with `RayActorError`; the
+A worker that dies fails its shard: `RayActorError` (a killed process, a lost machine) or
+`OutOfMemoryError` (Ray's memory monitor killed it, the machine past 95% of its memory); the
 shard is played again on a new worker that replaces it, with the same rows and row ids, so the
 step's files are those it would have written, and the log says which worker died.
 """
@@ -248,7 +249,7 @@ class RayEngine:
                     shard, reruns = pending.pop(ref)
                     try:
                         results[shard] = ray.get(ref)
-                    except ray.exceptions.RayActorError as err:
+                    except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as err:
                         ref = self._replace(shard, reruns, err, bounds, submit)
                         pending[ref] = (shard, reruns + 1)
                         continue
