@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_line, header  # noqa: E402
 
 from rlanything.agent.judging import judge_as_configured  # noqa: E402
-from rlanything.agent.rollout import play  # noqa: E402
+from rlanything.agent.rollout import play_as_configured  # noqa: E402
 from rlanything.config import load_config  # noqa: E402
-from rlanything.envs import initial_specs, make_env  # noqa: E402
+from rlanything.envs import initial_specs  # noqa: E402
 from rlanything.models import ray_engine  # noqa: E402
 from rlanything.models.engine_factory import make_engine  # noqa: E402
 from rlanything.models.generation import PrefixCache  # noqa: E402
@@ -50,20 +50,7 @@ from rlanything.tasks.scoring import steps_to_judge  # noqa: E402
 def one_round(config, tasks, policy, rm) -> tuple[float, float, list, list]:
     """Iteration 0's rollout, then its judgments -> (rollout s, rm_score s, step rows, judgments)."""
     start = time.perf_counter()
-    rows, episodes = play(
-        policy[0],
-        policy[1],
-        lambda: make_env(config.env),
-        tasks,
-        group_size=config.policy.group_size,
-        max_steps=config.env.max_steps,
-        max_new_tokens=config.policy.max_new_tokens,
-        temperature=config.policy.temperature,
-        top_p=config.policy.top_p,
-        seed=derive_seed(config.run.seed, 0, "rollout"),
-        answer_fallback=config.env.answer_fallback,
-        prefix_cache=PrefixCache(),
-    )
+    rows, episodes = play_as_configured(policy[0], policy[1], config, tasks, 0, prefix_cache=PrefixCache())
     rollout_s = time.perf_counter() - start
     outcomes = pd.DataFrame(episodes).assign(valid=True, pending=False)
     todo = steps_to_judge(pd.DataFrame(rows), pd.DataFrame(episodes), outcomes, config.rm.history_steps)
@@ -103,10 +90,11 @@ def main() -> None:
     print(f"   {cpu_line()}")
     print(f"   {len(tasks)} tasks x G={config.policy.group_size}, m={config.rm.judgments_per_step}")
     local = {role: make_engine(sections[role], role, paths[role], "fp32") for role in paths}
+    # a fresh token for this script's own cluster, through the environment: none is left in ~/.ray;
+    # set before Ray is imported, which reads its auth mode then
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     import ray
 
-    # a fresh token for this script's own cluster, through the environment: none is left in ~/.ray
-    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     ray.init(num_cpus=2, object_store_memory=150 * 2**20, include_dashboard=False, logging_level="WARNING")
     try:
         remote = {

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlanything.algo.parsing import parse_answer
+from rlanything.envs import make_env
 from rlanything.envs.base import Environment, example_of, replayable, screenshot
 from rlanything.models.generation import GenerationEngine, PrefixCache
 from rlanything.models.prompts import policy_messages, render
-from rlanything.seeding import step_seed
+from rlanything.seeding import derive_seed, step_seed
 
 
 @dataclass
@@ -61,6 +62,29 @@ def _env_call(ep: Episode, fn: Callable, *args) -> Any:
     except Exception as err:  # an environment crash is data, not a crashed iteration
         ep.termination, ep.error = "env_error", f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
         return None
+
+
+def play_as_configured(
+    engine: GenerationEngine, tokenizer, config, tasks: list[dict[str, Any]], iteration: int, **kwargs
+):
+    """`play` with a run's settings (`config`): the policy's sampling, the environment's turns and
+    answer fallback, and iteration `iteration`'s rollout seed -> `play`'s (rows, episodes). The
+    rollout step plays with it, and so does benchmarks/ray_sharding.py; `kwargs`: `play`'s
+    save_screenshot, screenshot_errors, prefix_cache."""
+    return play(
+        engine,
+        tokenizer,
+        lambda: make_env(config.env),
+        tasks,
+        group_size=config.policy.group_size,
+        max_steps=config.env.max_steps,
+        max_new_tokens=config.policy.max_new_tokens,
+        temperature=config.policy.temperature,
+        top_p=config.policy.top_p,
+        seed=derive_seed(config.run.seed, iteration, "rollout"),
+        answer_fallback=config.env.answer_fallback,
+        **kwargs,
+    )
 
 
 def play(

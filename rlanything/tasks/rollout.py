@@ -12,11 +12,10 @@ import pandas as pd
 
 from rlanything import metric_names as names
 from rlanything import stopping
-from rlanything.agent.rollout import play
+from rlanything.agent.rollout import play_as_configured
 from rlanything.algo.curriculum import success_rate
 from rlanything.algo.parsing import FALLBACKS
 from rlanything.environment import runs_code
-from rlanything.envs import make_env
 from rlanything.envs.verification import label_episode, verify_episode
 from rlanything.models.generation import PrefixCache
 from rlanything.models.precision import precision_of
@@ -46,18 +45,12 @@ def rollout(run_dir: str, iteration: int):
         precision = precision_of(config, "policy", "generation", layout.run_dir)
         engine, tokenizer = step_engine(config, "policy", path, precision, advance, layout.run_dir / "vllm-policy.log")
         cache = PrefixCache()
-        rows, episodes = play(
+        rows, episodes = play_as_configured(
             engine,
             tokenizer,
-            lambda: make_env(config.env),
+            config,
             tasks,
-            group_size=config.policy.group_size,
-            max_steps=config.env.max_steps,
-            max_new_tokens=config.policy.max_new_tokens,
-            temperature=config.policy.temperature,
-            top_p=config.policy.top_p,
-            seed=derive_seed(config.run.seed, iteration, "rollout"),
-            answer_fallback=config.env.answer_fallback,
+            iteration,
             save_screenshot=save_screenshot if config.env.screenshots else None,
             screenshot_errors=shot_errors,
             prefix_cache=cache,
