@@ -280,6 +280,12 @@ class RewardModelConfig(ModelConfig):
     paper). A text game's observations are long, so a late step's full history is most of the
     judging cost; what decides a step's verdict is mostly in the step and its answer (our
     departure, off by default: docs/method.md)."""
+    compact_observations: bool = False
+    """The RM reads each observation (the task, earlier steps, what happened next) through the
+    environment's `judge_view`: a text game's without the list of valid commands and the answer
+    line written for the policy, about half of a two-room game's judge prompt and so of the RM's
+    judging and update cost. False: as the policy read it (the paper); environments without a
+    view are unchanged either way (our departure, off by default: docs/method.md)."""
     role: Literal["judge", "unit_tests"] = "judge"
     """`judge`: the RM judges every step ±1 (m judgments); `unit_tests` (env.kind coding only,
     the paper's coding setting): the RM writes unit tests for each problem, run in the sandbox

@@ -93,6 +93,13 @@ class Environment(Protocol):
         return None
 
     @staticmethod
+    def judge_view(observation: str) -> str:
+        """What the RM reads of an observation (the task, earlier steps' and what happened next)
+        with `rm.compact_observations`: a text game's drops the list of valid commands and the
+        answer line written for the policy. The default: all of it."""
+        return observation
+
+    @staticmethod
     def step_labels(
         config: EnvConfig, spec: dict[str, Any], actions: list[str | None]
     ) -> list[StepLabel | None] | None:
@@ -132,7 +139,15 @@ class Environment(Protocol):
         ...
 
 
-OPTIONAL_MEMBERS = ("replayable", "example", "test_results", "heldout_specs", "last_screenshot", "step_labels")
+OPTIONAL_MEMBERS = (
+    "replayable",
+    "example",
+    "test_results",
+    "heldout_specs",
+    "last_screenshot",
+    "judge_view",
+    "step_labels",
+)
 """The members of `Environment` that have a default (declared on it): a plug-in that does not
 subclass `Environment` may leave them out."""
 

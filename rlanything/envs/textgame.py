@@ -108,6 +108,19 @@ def invalid_observation(goal: str, action: str | None, commands: list[str]) -> s
     return f"{why}\n\nGoal: {goal}\n\n{command_list(commands)}\n{ANSWER_LINE}"
 
 
+def judge_view(text: str) -> str:
+    """An observation as the RM reads it with `rm.compact_observations`: without the numbered
+    list of valid commands and the answer line, which are written for the policy (about half a
+    two-room game's judge prompt). What the game said stays, and so does the goal.
+
+    >>> judge_view(observation("Take the key.", "You see a key.", ["look", "take key"]))
+    'Goal: Take the key.\\n\\nYou see a key.'
+    >>> judge_view("You take the key. You won!")
+    'You take the key. You won!'
+    """
+    return text.split("\n\nValid commands:\n", 1)[0]
+
+
 def tidy(text: str) -> str:
     """Strip indentation, trailing spaces and runs of blank lines from game text."""
     lines = [line.strip() for line in text.strip().splitlines()]
@@ -176,6 +189,7 @@ class TextGameEnv(Environment):
 
     system_prompt = SYSTEM_PROMPT
     judge_hint = JUDGE_HINT
+    judge_view = staticmethod(judge_view)
 
     def __init__(self, config) -> None:
         self.config = config

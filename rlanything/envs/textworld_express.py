@@ -34,6 +34,7 @@ from rlanything.envs.textgame import (
     JUDGE_HINT,
     SYSTEM_PROMPT,
     invalid_observation,
+    judge_view,
     observation,
     parse_json_box,
     resolve_command,
@@ -126,6 +127,7 @@ def gold_path(spec: dict[str, Any]) -> list[str]:
 class TextWorldExpressEnv(Environment):
     system_prompt = SYSTEM_PROMPT
     judge_hint = JUDGE_HINT
+    judge_view = staticmethod(judge_view)
 
     def __init__(self, config: EnvConfig) -> None:
         self.config = config
