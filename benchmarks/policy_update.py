@@ -8,9 +8,14 @@ samples of `prompt` + `response` tokens, timed for each variant in one process:
   accelerate  the same loop under an in-process accelerate.Accelerator (the `train.backend:
               accelerate` path without a launcher)
   lora        LoRA r=16 on all linear layers of the attention and MLP (--lora)
-  bf16        the torch backend on bfloat16 weights (--bf16)
+  bf16        the update as `precision: auto` runs it on a CPU with bf16 units (--bf16): fp32
+              weights under bf16 autocast, old log-probs recomputed by the trainer first
+              (`algo.old_logprobs: auto` with a bf16 sampler: one more forward)
+  bf16-norecompute  the same without that forward (`algo.old_logprobs: sampler`)
+  bf16-weights      bfloat16 weights, no autocast (what this flag meant before: not what a run does)
 FLOPs counted: 6 · params per token that crosses the model (prompt and response: forward 2P,
-backward 4P), i.e. all passes of the update; LoRA's frozen weights still cost the forward and
+backward 4P), i.e. all passes of the update, not the recompute's extra forward (so the bf16
+row's MFU is of the useful work); LoRA's frozen weights still cost the forward and
 the input-gradient half of the backward, so it is counted the same. MFU = FLOP/s / the matmul
 ceiling (fp32, or bf16 for bf16) measured in the same process.
 """
@@ -43,7 +48,7 @@ def make_samples(model, n: int, prompt: int, response: int, pad_id: int) -> list
     return [Sample(s, response, old[i].tolist(), rng.choice([-1.0, 1.0])) for i, s in enumerate(seqs)]
 
 
-def run(model, samples, pad_id: int, micro: int, backend) -> float:
+def run(model, samples, pad_id: int, micro: int, backend, precision: str = "fp32", recompute: bool = False) -> float:
     optimizer = make_optimizer(model, lr=1e-5, weight_decay=0.0)
     start = time.perf_counter()
     ppo_update(
@@ -59,6 +64,8 @@ def run(model, samples, pad_id: int, micro: int, backend) -> float:
         micro_batch_size=micro,
         seed=0,
         backend=backend,
+        precision=precision,
+        recompute_old=recompute,
     )
     return time.perf_counter() - start
 
@@ -115,7 +122,13 @@ def main() -> None:
             add_adapters(load_model(path), LoraConfig(enabled=True)), samples, pad_id, args.micro, TorchBackend()
         )
     if args.bf16:
-        variants["bf16"] = lambda: run(load_model(path, "bfloat16"), samples, pad_id, args.micro, TorchBackend())
+        variants["bf16"] = lambda: run(load_model(path), samples, pad_id, args.micro, TorchBackend(), "bf16", True)
+        variants["bf16-norecompute"] = lambda: run(
+            load_model(path), samples, pad_id, args.micro, TorchBackend(), "bf16"
+        )
+        variants["bf16-weights"] = lambda: run(
+            load_model(path, "bfloat16"), samples, pad_id, args.micro, TorchBackend()
+        )
 
     run(load_model(path), samples[:2], pad_id, args.micro, TorchBackend())  # warm-up, not reported
     seconds = {name: fn() for name, fn in variants.items()}
@@ -125,11 +138,11 @@ def main() -> None:
         f"   matmul ceiling fp32 {ceiling / 1e9:.0f} GFLOP/s"
         + (f", bf16 {ceiling16 / 1e9:.0f} GFLOP/s" if ceiling16 else "")
     )
-    print(f"   {'variant':10s} {'seconds':>8s} {'tokens/s':>9s} {'time/torch':>11s} {'MFU':>7s}")
+    print(f"   {'variant':16s} {'seconds':>8s} {'tokens/s':>9s} {'time/torch':>11s} {'MFU':>7s}")
     for name, s in seconds.items():
-        peak = ceiling16 if name == "bf16" else ceiling
+        peak = ceiling16 if name.startswith("bf16") else ceiling
         print(
-            f"   {name:10s} {s:8.2f} {tokens / s:9.1f} {s / seconds['torch']:11.2f} {6 * params * tokens / s / peak:7.1%}"
+            f"   {name:16s} {s:8.2f} {tokens / s:9.1f} {s / seconds['torch']:11.2f} {6 * params * tokens / s / peak:7.1%}"
         )
 
 
