@@ -110,7 +110,7 @@ def invalid_observation(goal: str, action: str | None, commands: list[str]) -> s
 
 def judge_view(text: str) -> str:
     """An observation as the RM reads it with `rm.compact_observations`: without the numbered
-    list of valid commands and the answer line, which are written for the policy (about half a
+    list of valid commands and the answer line, which are written for the policy (a quarter of a
     two-room game's judge prompt). What the game said stays, and so does the goal.
 
     >>> judge_view(observation("Take the key.", "You see a key.", ["look", "take key"]))
