@@ -60,6 +60,7 @@ JUDGE_HINT = (
     "an invalid command, a repeated useless command, or wandering away from the goal is a bad step."
 )
 ANSWER_LINE = "Answer with one command, or its number, inside \\boxed{}."
+COMMANDS_HEADER = "Valid commands:\n"  # opens the list that ends an observation (`judge_view` cuts there)
 
 
 def normalize(command: str) -> str:
@@ -90,7 +91,7 @@ def resolve_command(action: str | None, commands: list[str]) -> str | None:
 
 
 def command_list(commands: list[str]) -> str:
-    return "Valid commands:\n" + "\n".join(f"{k}. {c}" for k, c in enumerate(commands, 1))
+    return COMMANDS_HEADER + "\n".join(f"{k}. {c}" for k, c in enumerate(commands, 1))
 
 
 def observation(goal: str, feedback: str, commands: list[str]) -> str:
@@ -118,7 +119,7 @@ def judge_view(text: str) -> str:
     >>> judge_view("You take the key. You won!")
     'You take the key. You won!'
     """
-    return text.split("\n\nValid commands:\n", 1)[0]
+    return text.split("\n\n" + COMMANDS_HEADER, 1)[0]
 
 
 def tidy(text: str) -> str:
