@@ -287,6 +287,16 @@ class RewardModelConfig(ModelConfig):
     ~460-500 tokens loses 24-29% of them (measured: docs/benchmarks.md), and the RM's judging and
     update cost with them. False: as the policy read it (the paper); environments without a
     view are unchanged either way (our departure, off by default: docs/method.md)."""
+    judge_trainable_only: bool = False
+    """Judge only the steps of tasks whose accuracy lies in `algo.band` or `algo.policy_band`:
+    step 4 drops every other task's samples (out of band), so their verdicts train neither model
+    and the kept samples and their advantages are the same either way. What changes: the RM's
+    training metrics (parse rate, outcome and process accuracy, verdict shares) and the
+    reward-hacking guard read the judged tasks only, and a task that left the band has no verdict
+    for task adaptation's critic (so adaptation needs `adapt.rewriter: rule` and `adapt.critic:
+    extractive`). On text games most tasks sit outside the band (all won or all lost), and judging
+    and the RM's update are most of the whole method's iteration (docs/benchmarks.md). False:
+    every step is judged (the paper; our departure, off by default: docs/method.md)."""
     role: Literal["judge", "unit_tests"] = "judge"
     """`judge`: the RM judges every step ±1 (m judgments); `unit_tests` (env.kind coding only,
     the paper's coding setting): the RM writes unit tests for each problem, run in the sandbox
@@ -561,6 +571,13 @@ class Config(_Section):
             )
         if self.rm.judgments_per_step == 0:
             self._check_no_rm()
+        if self.rm.judge_trainable_only and self.adapt.enabled:
+            if self.adapt.rewriter != "rule" or self.adapt.critic != "extractive":
+                raise ValueError(
+                    "rm.judge_trainable_only leaves the tasks that left the band unjudged, so no RM "
+                    "reasoning reaches a critic or a model rewriter: with adapt.enabled set "
+                    "adapt.rewriter: rule and adapt.critic: extractive (or adapt.enabled: false)"
+                )
         if self.algo.rm_balance and self.rm.role != "judge":
             raise ValueError("algo.rm_balance reweights judgments: it needs rm.role judge")
         if self.rm.max_new_tokens == 0 and (self.rm.verdict != "constrained" or self.rm.role != "judge"):

@@ -73,6 +73,24 @@ def in_band(accuracy: np.ndarray | float, low: float, high: float) -> np.ndarray
     return inside
 
 
+def tasks_in_bands(outcome: np.ndarray, task_ids: np.ndarray, *bands: tuple[float, float]) -> set:
+    """The tasks whose accuracy lies inside at least one of `bands` (each (low, high), inclusive
+    as `in_band`): in step 4 only these tasks' samples can train, the policy's (policy band) and
+    the RM's (RM band); every other task's are dropped as out of band.
+
+    outcome (N,) in {-1, +1}, task_ids (N,) hashable, one row per trajectory -> set of task ids.
+
+    Worked example: a 1/4, b 3/4, c 0/2; bands (0.2, 0.8) and (0.25, 1.0): a (0.25) is in the
+    second, b in both, c in neither.
+    >>> out = np.array([1, -1, -1, -1, 1, 1, 1, -1, -1, -1])
+    >>> ids = np.array(["a"] * 4 + ["b"] * 4 + ["c"] * 2)
+    >>> sorted(tasks_in_bands(out, ids, (0.2, 0.8), (0.25, 1.0))), sorted(tasks_in_bands(out, ids, (0.3, 0.7)))
+    (['a', 'b'], [])
+    """
+    accuracy = task_accuracy(outcome, task_ids)
+    return {task for task, acc in accuracy.items() if any(in_band(acc, low, high) for low, high in bands)}
+
+
 def adaptation_direction(accuracy: float, low: float = 0.2, high: float = 0.8) -> str | None:
     """Which way to rewrite a task: "harder" if acc >= high, "easier" if acc <= low, else None.
 

@@ -142,8 +142,9 @@ def plot_iteration(layout: RunLayout, iteration: int, out: Path) -> Path:
         values = adv[adv.kind == kind].advantage
         if len(values):
             axes[1].hist(values, bins=20, alpha=0.6, color=color, label=f"{kind} ({len(values)})")
-    axes[1].set_title("advantages")
-    axes[1].legend(fontsize=8)
+    axes[1].set_title("advantages" if len(adv) else "advantages (no sample this iteration)")
+    if len(adv):  # none where every task left the band and nothing was judged
+        axes[1].legend(fontsize=8)
 
     merged = judgments.merge(outcomes[["traj_id", "outcome"]], on="traj_id")
     table = pd.crosstab(merged.outcome, merged.step_score).reindex(index=[-1, 1], columns=[-1, 0, 1], fill_value=0)

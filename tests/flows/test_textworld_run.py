@@ -123,3 +123,21 @@ def test_eval_measures_the_rm_against_the_step_labels_with_the_last_steps_apart(
     assert result["metrics"]["eval/in_domain/rm_process_accuracy"] == pytest.approx(expected)
     assert sum(n for _, n in row["rm_verdict_shares"].values()) == 2 * judgments.parsed.sum()  # by outcome, by rule
     assert "## Reward model against the step labels" in (out / "summary.md").read_text()
+
+
+def test_judging_only_trainable_tasks_skips_an_iteration_where_every_task_left_the_band(prefect_server, tmp_path):
+    """A random policy loses every game: with the paper's bands no task can train, so with
+    rm.judge_trainable_only nothing is judged, and the iteration still completes, recording it."""
+    from rlanything.flows.training import train_flow
+
+    overrides = [f"run.root={tmp_path}", "run.name=only", "env.num_problems=2", "policy.tasks_per_iteration=2"]
+    overrides += ["policy.group_size=2", "env.max_steps=2", "run.iterations=1", "adapt.enabled=false"]
+    overrides += ["rm.judge_trainable_only=true", "algo.band=[0.2, 0.8]", "algo.policy_band=[0.2, 0.8]"]
+    result = train_flow(str(REPO / "configs" / "tiny-textworld.yaml"), overrides)
+    layout = RunLayout(Path(result["run_dir"]))
+    outcomes = read_table(layout.artifact(0, "outcomes"), schemas.OUTCOMES)
+    assert (outcomes.outcome == -1).all() and len(outcomes) == 4
+    assert read_table(layout.artifact(0, "judgments"), schemas.JUDGMENTS).empty
+    assert read_table(layout.artifact(0, "advantages"), schemas.ADVANTAGES).empty
+    metrics = json.loads((layout.run_dir / "iter_0000" / "summary.json").read_text())
+    assert metrics["rm/trajectories_unjudged"] == 4

@@ -82,3 +82,36 @@ def test_multi_turn_samples_mask_only_the_step_tokens():
     first, second = to_samples(rows)
     assert first.input_ids == [1, 2, 3, 7, 8] and first.response_len == 2 and first.old_logprobs == [-0.1, -0.2]
     assert second.input_ids == [1, 2, 3, 7, 8, 4, 5, 9] and second.response_len == 1 and second.advantage == -0.5
+
+
+def test_judging_only_the_trainable_tasks_leaves_every_kept_sample_as_it_was():
+    from types import SimpleNamespace
+
+    from rlanything.tasks.scoring import judged_outcomes
+
+    outcomes, judgments = frames()
+    outcomes = outcomes.assign(valid=True, pending=False)
+    bands = dict(band=(0.2, 0.8), policy_band=(0.125, 0.875))
+    config = lambda only: SimpleNamespace(rm=SimpleNamespace(judge_trainable_only=only), algo=SimpleNamespace(**bands))  # noqa: E731
+    assert judged_outcomes(outcomes, config(False)) is outcomes
+    judged = judged_outcomes(outcomes, config(True))
+    assert judged.traj_id.tolist() == [0, 1]  # task a (accuracy 0.5); task b (0.0) is in neither band
+    full = compute_samples(outcomes, judgments, m=2, lam=1.0, **bands)
+    part = compute_samples(outcomes, judgments[judgments.traj_id.isin(judged.traj_id)], m=2, lam=1.0, **bands)
+    key = ["kind", "traj_id", "step_idx", "judge_idx"]
+    kept = lambda out: out[out.kept].drop(columns="drop_reason").sort_values(key).reset_index(drop=True)  # noqa: E731
+    pd.testing.assert_frame_equal(kept(full), kept(part))  # kept rows have no drop reason
+    assert len(kept(part)) == 7 and not part.drop_reason.eq("out_of_band").any()
+
+
+def test_judging_only_the_trainable_tasks_needs_an_adaptation_that_reads_no_verdict():
+    from pathlib import Path
+
+    from rlanything.config import ConfigError, load_config
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "smollm2-textworld.yaml"
+    with pytest.raises(ConfigError, match="adapt.critic: extractive"):
+        load_config(path, ["rm.judge_trainable_only=true", "adapt.rewriter=model"])
+    ok = ["rm.judge_trainable_only=true", "adapt.rewriter=rule", "adapt.critic=extractive"]
+    assert load_config(path, ok).rm.judge_trainable_only
+    assert load_config(path, ["rm.judge_trainable_only=true", "adapt.enabled=false"]).rm.judge_trainable_only
