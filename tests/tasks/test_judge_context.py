@@ -59,7 +59,9 @@ def test_compact_observations_show_the_rm_the_games_words_without_the_policys_co
     repo = Path(__file__).resolve().parents[2]
     prompts = {}
     for compact in (False, True):
-        config = load_config(repo / "configs" / "smollm2-textworld.yaml", [f"rm.compact_observations={compact}"])
+        config = load_config(
+            repo / "configs" / "smollm2-textworld.yaml", [f"rm.compact_observations={compact}", "rm.history_steps=null"]
+        )
         rows = judge_as_configured(engine, tiny_tokenizer, [step], config, seed=0)
         prompts[compact] = rows[0]["prompt"]
     assert prompts[False].count("Valid commands:") == 3 and prompts[True].count("Valid commands:") == 0
