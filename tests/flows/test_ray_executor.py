@@ -1,5 +1,6 @@
 """`run.executor: ray` on a real local Ray cluster (2 worker CPUs, started by the fixture with
-`ray start --head`, stopped after the module even when a test fails): the sharded rollout and
+`ray start --head --block` in a session of its own, stopped after the module even when a test
+fails, no other Ray process touched): the sharded rollout and
 rm_score write the local run's files, a Ray worker killed by SIGKILL in the middle of a rollout
 is survived with the same files, and a cluster that is not there is one line of error.
 
@@ -15,9 +16,11 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -46,15 +49,18 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    """A local Ray cluster of 2 one-CPU workers, small object store -> its address; `ray stop`
-    afterwards, whatever happened. Ray 2.60 authenticates with a token: a fresh one, given to
-    the cluster and this process through the environment (an explicit address never picks up
-    ~/.ray/auth_token, and none is written there)."""
+def ray_cluster(tmp_path_factory):
+    """A local Ray cluster of 2 one-CPU workers, small object store -> its address; stopped
+    afterwards, whatever happened, without touching any other Ray on the machine: `ray start
+    --head --block` runs in a session of its own, and the teardown ends that session's processes
+    (SIGTERM to `ray start`, which shuts its node down, then SIGKILL to whatever is left in the
+    session), where `ray stop` would stop every Ray process of the machine. Ray 2.60
+    authenticates with a token: a fresh one, given to the cluster and this process through the
+    environment (an explicit address never picks up ~/.ray/auth_token, and none is written there)."""
     ray_bin = Path(sys.executable).parent / "ray"
     address = f"127.0.0.1:{free_port()}"
-    start = [str(ray_bin), "start", "--head", f"--port={address.split(':')[1]}", "--num-cpus=2", "--num-gpus=0"]
-    start += ["--object-store-memory=150000000", "--include-dashboard=false", "--disable-usage-stats"]
+    start = [str(ray_bin), "start", "--head", "--block", f"--port={address.split(':')[1]}", "--num-cpus=2"]
+    start += ["--num-gpus=0", "--object-store-memory=150000000", "--include-dashboard=false", "--disable-usage-stats"]
     cluster_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     # Ray's memory monitor kills workers when the machine passes 95% of its memory, which other
     # processes on a shared test machine can cause (seen: two evaluations beside the suite killed
@@ -63,18 +69,45 @@ def ray_cluster():
     saved = {key: os.environ.get(key) for key in cluster_env}
     os.environ.update(cluster_env)
     Config.initialize("")  # Ray read its auth mode when imported: read it again (as Ray does when it turns auth on)
+    log = tmp_path_factory.mktemp("ray") / "ray-start.log"
+    with log.open("wb") as out:
+        head = subprocess.Popen(start, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
     try:
-        subprocess.run(start, check=True, capture_output=True, timeout=120, cwd=REPO)
+        wait_for(lambda: "Ray runtime started" in log.read_text() or head.poll() is not None, 120)
+        assert head.poll() is None, log.read_text()[-2000:]
         yield address
     finally:
         ray_engine.shutdown()
-        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, timeout=120)
+        stop_session(head)
         for key, value in saved.items():
             if value is None:
                 del os.environ[key]
             else:
                 os.environ[key] = value
         Config.initialize("")
+
+
+def wait_for(ready, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not ready within {timeout_s} s")
+        time.sleep(0.5)
+
+
+def stop_session(head: subprocess.Popen) -> None:
+    """SIGTERM to `ray start --block` (it shuts its node's processes down), then SIGKILL to every
+    process still in its session: only this cluster's."""
+    head.terminate()
+    try:
+        head.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(head.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the session is empty: nothing left
+        pass
+    head.wait(timeout=30)
 
 
 def train(root: Path, name: str, overrides: list[str]) -> RunLayout:
