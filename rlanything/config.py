@@ -291,14 +291,14 @@ class RewardModelConfig(ModelConfig):
     """Judge only the steps of tasks whose accuracy lies in `algo.band` or `algo.policy_band`:
     step 4 drops every other task's samples (out of band), so their verdicts train neither model
     and the same samples are kept, with the same advantages for the same verdicts (the verdicts
-    are fresh draws: a judgment's sampling noise follows its row in the call). What changes: the RM's
-    training metrics (parse rate, outcome and process accuracy, verdict shares) and the
+    are fresh draws: a judgment's sampling noise follows its row in the call). What changes: the
+    RM's training metrics (parse rate, outcome and process accuracy, verdict shares) and the
     reward-hacking guard read the judged tasks only, and a task that left the band has no verdict
     for task adaptation's critic (so adaptation needs `adapt.rewriter: rule` and `adapt.critic:
     extractive`). On text games most tasks sit outside the band (all won or all lost): judging
     their steps too took 73 s of an iteration instead of 11 s (one measured iteration on one core,
-    docs/benchmarks.md). False:
-    every step is judged (the paper; our departure, off by default: docs/method.md)."""
+    docs/benchmarks.md). False: every step is judged (the paper; our departure, off by default:
+    docs/method.md)."""
     role: Literal["judge", "unit_tests"] = "judge"
     """`judge`: the RM judges every step ±1 (m judgments); `unit_tests` (env.kind coding only,
     the paper's coding setting): the RM writes unit tests for each problem, run in the sandbox

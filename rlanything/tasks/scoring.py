@@ -53,16 +53,15 @@ def steps_to_judge(
     return out
 
 
-def judged_outcomes(outcomes: pd.DataFrame, config) -> pd.DataFrame:
-    """The trajectories whose steps the RM judges: all of them, or with `rm.judge_trainable_only`
-    those of tasks in `algo.band` or `algo.policy_band` (the only ones whose samples can train;
-    a task's accuracy over its valid, non-pending trajectories, as step 4 computes it)."""
+def judged_outcomes(trainable: pd.DataFrame, config) -> pd.DataFrame:
+    """Of the trainable (valid, non-pending) trajectories, those whose steps the RM judges: all,
+    or with `rm.judge_trainable_only` those of tasks in `algo.band` or `algo.policy_band` (the only
+    ones whose samples can train; a task's accuracy over these trajectories, as step 4 computes it)."""
     if not config.rm.judge_trainable_only:
-        return outcomes
-    trainable = outcomes[outcomes.valid & ~outcomes.pending]
+        return trainable
     bands = (config.algo.band, config.algo.policy_band)
     tasks = tasks_in_bands(trainable.outcome.to_numpy(), trainable.task_id.to_numpy(), *bands)
-    return outcomes[outcomes.task_id.isin(tasks)]
+    return trainable[trainable.task_id.isin(tasks)]
 
 
 @step_task("rm_score")
@@ -71,7 +70,8 @@ def rm_score(run_dir: str, iteration: int):
     if config.rm.role == "unit_tests":  # the coding setting: the RM writes tests, judges no step
         return score_with_unit_tests(config, layout, iteration)
     steps, episodes, outcomes = (read_artifact(layout, iteration, n) for n in ("rollouts", "episodes", "outcomes"))
-    judged = judged_outcomes(outcomes, config)
+    trainable = outcomes[outcomes.valid & ~outcomes.pending]
+    judged = judged_outcomes(trainable, config)
     todo = (
         steps_to_judge(steps, episodes, judged, config.rm.history_steps) if config.rm.judgments_per_step else []
     )  # 0: no RM
@@ -91,9 +91,7 @@ def rm_score(run_dir: str, iteration: int):
     frame = pd.DataFrame(rows, columns=JUDGMENTS.names)
     metrics = {
         "rm/judgments": len(rows),
-        "rm/trajectories_unjudged": int(
-            (outcomes.valid & ~outcomes.pending & ~outcomes.traj_id.isin(judged.traj_id)).sum()
-        ),
+        "rm/trajectories_unjudged": len(trainable) - len(judged),
         "tokens/rm_response": int(frame.response_ids.map(len).sum()) if rows else 0,
         "tokens/rm_prompt": int(frame.prompt_ids.map(len).sum()) if rows else 0,
     }
