@@ -85,14 +85,17 @@ def test_multi_turn_samples_mask_only_the_step_tokens():
 
 
 def test_judging_only_the_trainable_tasks_leaves_every_kept_sample_as_it_was():
-    from types import SimpleNamespace
+    from pathlib import Path
 
+    from rlanything.config import load_config
     from rlanything.tasks.scoring import judged_outcomes
 
     outcomes, judgments = frames()
     outcomes = outcomes.assign(valid=True, pending=False)
     bands = dict(band=(0.2, 0.8), policy_band=(0.125, 0.875))
-    config = lambda only: SimpleNamespace(rm=SimpleNamespace(judge_trainable_only=only), algo=SimpleNamespace(**bands))  # noqa: E731
+    path = Path(__file__).resolve().parents[2] / "configs" / "smollm2-textworld.yaml"
+    sets = [f"algo.band={list(bands['band'])}", f"algo.policy_band={list(bands['policy_band'])}"]
+    config = lambda only: load_config(path, [*sets, f"rm.judge_trainable_only={only}"])  # noqa: E731
     assert judged_outcomes(outcomes, config(False)) is outcomes
     judged = judged_outcomes(outcomes, config(True))
     assert judged.traj_id.tolist() == [0, 1]  # task a (accuracy 0.5); task b (0.0) is in neither band
