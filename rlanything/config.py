@@ -268,12 +268,19 @@ class RewardModelConfig(ModelConfig):
     verdict: Literal["free", "constrained"] = "free"
     """`free`: the RM writes its own \\boxed{±1}; `constrained`: the verdict token is sampled
     from the model restricted to 1/-1 (for small models that rarely box a verdict themselves)."""
+    train_forced_tokens: bool = True
+    """With verdict constrained, whether the RM update also trains the tokens appended around
+    its decision ("\\n\\boxed{", the "1" of "-1", "}": 6-7 of a direct verdict's 7-8 tokens),
+    which the model did not choose. True: every response token (as the free verdict's). False:
+    only the reasoning and the verdict's first token, the one token drawn from the model (our
+    departure, off by default: docs/method.md). Needs verdict constrained and role judge."""
     max_new_tokens: int = Field(64, ge=0)
     """Token budget of the RM's reasoning (verdict free: reasoning and verdict; role unit_tests:
     one test). 0, with verdict constrained only: a direct verdict, sampled right after the
     prompt from the RM's probabilities of "1" and "-1" with no reasoning (our departure: the
-    paper's RM reasons first). Every token the RM is trained on is then its verdict, and a
-    judgment costs one scoring pass instead of a decode per reasoning token."""
+    paper's RM reasons first). The RM is then trained on its verdict alone (its decision and,
+    unless `train_forced_tokens` is false, the appended tokens around it), and a judgment costs
+    one scoring pass instead of a decode per reasoning token."""
     history_steps: int | None = Field(None, ge=0)
     """How many of the steps before the judged one the RM's prompt shows, the latest ones (the
     task and the judged step with what happened next are always shown). None: all of them (the
@@ -586,6 +593,11 @@ class Config(_Section):
             raise ValueError(
                 "rm.max_new_tokens 0 (a direct verdict, no reasoning) needs rm.verdict constrained "
                 "and rm.role judge: a free verdict or a unit test has to be written"
+            )
+        if not self.rm.train_forced_tokens and (self.rm.verdict != "constrained" or self.rm.role != "judge"):
+            raise ValueError(
+                "rm.train_forced_tokens false leaves out the constrained verdict's appended tokens: "
+                "it needs rm.verdict constrained and rm.role judge (a free verdict writes every token)"
             )
         if self.rm.engine == "vllm" and self.rm.verdict == "constrained" and self.rm.temperature != 1:
             raise ValueError(

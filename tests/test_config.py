@@ -202,6 +202,12 @@ def test_rm_balance_needs_a_judge():
         build_config({"env": {"kind": "coding"}}, ["algo.rm_balance=true", "rm.role=unit_tests"])
 
 
+def test_leaving_the_forced_verdict_tokens_untrained_needs_the_constrained_verdict():
+    assert not build_config({}, ["rm.verdict=constrained", "rm.train_forced_tokens=false"]).rm.train_forced_tokens
+    with pytest.raises(ConfigError, match="rm.train_forced_tokens false .* needs rm.verdict constrained"):
+        build_config({}, ["rm.verdict=free", "rm.train_forced_tokens=false"])
+
+
 def test_a_direct_verdict_needs_the_constrained_mode_of_a_judge():
     config = build_config({}, ["rm.max_new_tokens=0", "rm.verdict=constrained"])
     assert config.rm.max_new_tokens == 0 and config.policy.max_new_tokens == 64  # the RM's alone

@@ -152,6 +152,23 @@ def verdict_choice(tokenizer) -> Choice:
     return Choice(encode("\n\\boxed{"), options, encode("}"))
 
 
+def chosen_tokens(response_ids: list[int], score: int, choice: Choice) -> list[bool]:
+    """Which tokens of a constrained judgment's response the RM chose (`rm.train_forced_tokens`
+    false trains only these): its reasoning and the option's first token; the opener, the rest
+    of the option and the closer were appended, whatever the model's probabilities.
+
+    response_ids: reasoning + opener + options[score] + closer -> (len(response_ids),) bools.
+    With SmolLM2's tokens, no reasoning and the verdict -1: opener "\\n", "\\", "box", "ed",
+    "{" (5), then "-", "1", then "}" -> [F, F, F, F, F, T, F, F]. Raises ValueError if the
+    response does not end with that verdict (not a constrained judgment)."""
+    option = choice.options[score]
+    tail = choice.opener + option + choice.closer
+    if len(response_ids) < len(tail) or list(response_ids[len(response_ids) - len(tail) :]) != tail:
+        raise ValueError(f"the response does not end with the constrained verdict {score}: not a constrained judgment")
+    reasoning = len(response_ids) - len(tail)
+    return [True] * reasoning + [False] * len(choice.opener) + [True] + [False] * (len(option) - 1 + len(choice.closer))
+
+
 def _decoded_verdict(tokenizer, gen: Generation, choice: Choice) -> tuple:
     """A verdict the engine decoded in the generation pass -> (reasoning text, response ids,
     log-probs, score, raw box). gen.token_ids: the reasoning (its EOS given way to the opener),

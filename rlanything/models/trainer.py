@@ -46,6 +46,13 @@ class Sample:
     old_logprobs: list[float]  # (response_len,): the pre-update model's (the sampler's, or recomputed)
     advantage: float
     sampler_logprobs: list[float] | None = None  # the sampler's, where old_logprobs were recomputed
+    # (response_len,): which response tokens the loss reads; None: all. False marks a token the
+    # model did not choose (the constrained verdict's forced ones, `judge.chosen_tokens`).
+    trained: list[bool] | None = None
+
+    def __post_init__(self):
+        if self.trained is not None and (len(self.trained) != self.response_len or not any(self.trained)):
+            raise ValueError(f"trained marks the {self.response_len} response tokens, at least one True")
 
 
 def prompt_of(sample: Sample) -> list[int]:
@@ -203,7 +210,7 @@ def with_trainer_logprobs(
             logprobs, _ = packed_response_logprobs(model, [s.input_ids for s in micro], lens, pad_id, temperature)
             for row, (i, s) in enumerate(zip(idx, micro)):
                 mine = logprobs[row, logprobs.shape[1] - s.response_len :].float().tolist()
-                out[i] = Sample(s.input_ids, s.response_len, mine, s.advantage, list(s.old_logprobs))
+                out[i] = Sample(s.input_ids, s.response_len, mine, s.advantage, list(s.old_logprobs), s.trained)
     model.train(was_training)
     return out
 
@@ -253,7 +260,7 @@ def _minibatch_step(
             backend.backward(loss * (weight * world))  # all-reduce averages over processes
         for key in MEASURES:
             totals[key] += stats[key] * weight
-        num_tokens += sum(s.response_len for s in micro) if share else 0
+        num_tokens += sum(sum(s.trained) if s.trained else s.response_len for s in micro) if share else 0
         on_micro_batch(len(micro))
     grad_norm = backend.clip_and_step(model, optimizer, grad_clip)
     summed = backend.reduce_sum([totals[k] for k in MEASURES] + [num_tokens])
@@ -273,6 +280,7 @@ def _micro_batch_loss(
     lens = [s.response_len for s in micro]
     seqs = [s.input_ids for s in micro]
     logprobs, mask, entropy = packed_response_logprobs(model, seqs, lens, pad_id, temperature, entropy=True)
+    mask = mask & _trained_mask(micro, mask.shape[1], mask.device)
     old = torch.zeros_like(logprobs)
     for row, s in enumerate(micro):  # right-align each response, as response_logprobs does
         old[row, old.shape[1] - s.response_len :] = torch.tensor(s.old_logprobs)
@@ -286,3 +294,12 @@ def _micro_batch_loss(
     loss, stats = ppo_clip_loss(logprobs, old, advantages, mask, clip_eps=clip_eps, kl_beta=kl_beta, is_weights=weights)
     stats["entropy"] = float(masked_sequence_mean(entropy, mask))
     return loss, stats
+
+
+def _trained_mask(micro: list[Sample], width: int, device) -> torch.Tensor:
+    """(B, width) bool, right-aligned like the log-probs: the tokens each sample trains."""
+    out = torch.ones((len(micro), width), dtype=torch.bool, device=device)
+    for row, s in enumerate(micro):
+        if s.trained is not None:
+            out[row, width - s.response_len :] = torch.tensor(s.trained, dtype=torch.bool)
+    return out

@@ -17,6 +17,9 @@ from rlanything.algo.mismatch import combine_steps
 from rlanything.config import Config, PolicyConfig, RewardModelConfig
 from rlanything.metric_names import STEP_MEASURES, update_metric
 from rlanything.models.distributed import UpdateJob, launch_update, run_update
+from rlanything.models.generation import Choice
+from rlanything.models.judge import chosen_tokens, verdict_choice
+from rlanything.models.loading import load_tokenizer
 from rlanything.models.precision import recompute_old_logprobs, run_precision
 from rlanything.models.trainer import Sample
 from rlanything.progress import progress
@@ -29,10 +32,18 @@ from rlanything.storage.schemas import UPDATE
 from rlanything.tasks.common import model_path, open_run, saved_models, step_task
 
 
-def to_samples(rows: pd.DataFrame) -> list[Sample]:
-    """rows with prompt_ids, response_ids, logprobs, advantage -> trainer samples."""
+def to_samples(rows: pd.DataFrame, choice: Choice | None = None) -> list[Sample]:
+    """rows with prompt_ids, response_ids, logprobs, advantage (and step_score with `choice`)
+    -> trainer samples; with `choice`, each trains only the tokens its RM chose
+    (`judge.chosen_tokens`: the constrained verdict's appended tokens are left out)."""
     return [
-        Sample(list(r.prompt_ids) + list(r.response_ids), len(r.response_ids), list(r.logprobs), float(r.advantage))
+        Sample(
+            list(r.prompt_ids) + list(r.response_ids),
+            len(r.response_ids),
+            list(r.logprobs),
+            float(r.advantage),
+            trained=None if choice is None else chosen_tokens(list(r.response_ids), int(r.step_score), choice),
+        )
         for r in rows.itertuples(index=False)
     ]
 
@@ -157,5 +168,7 @@ def rm_update(run_dir: str, iteration: int):
     judgments = read_artifact(layout, iteration, "judgments")
     kept = adv[(adv.kind == "rm") & adv.kept][["traj_id", "step_idx", "judge_idx", "advantage"]]
     rows = kept.merge(judgments, on=["traj_id", "step_idx", "judge_idx"], how="inner", validate="one_to_one")
-    r = config.rm
-    return _update(run_dir, iteration, "rm", to_samples(rows), r)
+    choice = None
+    if not config.rm.train_forced_tokens:  # the tokenizer spells the appended verdict tokens
+        choice = verdict_choice(load_tokenizer(model_path(config, layout, "rm", iteration)))
+    return _update(run_dir, iteration, "rm", to_samples(rows, choice), config.rm)

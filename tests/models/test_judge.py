@@ -237,3 +237,17 @@ def test_the_two_pass_verdict_draws_with_the_same_rule_from_its_own_random_strea
         ]
         p_one = math.exp(first[0]) / (math.exp(first[0]) + math.exp(first[1]))
         assert r["step_score"] == (1 if rng.random() < p_one else -1)
+
+
+def test_the_chosen_tokens_are_the_reasoning_and_the_verdicts_first_token():
+    """rm.train_forced_tokens false trains these only: opener [7, 8], options 1 -> [3] and
+    -1 -> [4, 3], closer [9]; the model chose its reasoning and the option's first token."""
+    from rlanything.models.judge import chosen_tokens
+
+    choice = Choice([7, 8], {1: [3], -1: [4, 3]}, [9])
+    assert chosen_tokens([11, 12, 7, 8, 4, 3, 9], -1, choice) == [True, True, False, False, True, False, False]
+    assert chosen_tokens([7, 8, 3, 9], 1, choice) == [False, False, True, False]  # a direct verdict
+    with pytest.raises(ValueError, match="does not end with the constrained verdict -1"):
+        chosen_tokens([7, 8, 3, 9], -1, choice)
+    with pytest.raises(ValueError, match="not a constrained judgment"):
+        chosen_tokens([11, 3, 9], 1, choice)  # a free verdict has no appended opener

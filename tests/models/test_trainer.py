@@ -92,6 +92,52 @@ def test_micro_batching_does_not_change_the_gradient(tiny_model_path, tiny_token
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
 
 
+def test_a_sample_trains_only_its_chosen_tokens(tiny_model_path, tiny_tokenizer):
+    """A response whose only chosen token is its third trains like the sample cut after that
+    token (a causal model's third log-prob ignores what follows): the same gradient and one
+    token a sample; training every token gives another gradient."""
+    _, samples = batch(tiny_model_path, tiny_tokenizer)
+    masked = [
+        Sample(
+            s.input_ids,
+            s.response_len,
+            s.old_logprobs,
+            s.advantage,
+            trained=[False] * 2 + [True] + [False] * (s.response_len - 3),
+        )
+        for s in samples
+    ]
+    cut = [
+        Sample(s.input_ids[: len(s.input_ids) - s.response_len + 3], 1, s.old_logprobs[2:3], s.advantage)
+        for s in samples
+    ]
+    grads, tokens = [], []
+    for batch_ in (masked, cut, samples):
+        model = load_model(tiny_model_path)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # keep weights, read the grads
+        history = ppo_update(
+            model,
+            optimizer,
+            batch_,
+            pad_id=tiny_tokenizer.pad_token_id,
+            temperature=1.0,
+            clip_eps=0.2,
+            kl_beta=0.01,
+            grad_clip=1e9,
+            updates=1,
+            micro_batch_size=2,
+            seed=0,
+        )
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        tokens.append(history[0]["num_tokens"])
+    assert all(s.response_len == 8 for s in samples)  # the tiny model used its whole budget
+    assert tokens == [4, 4, 32]
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+    assert not torch.allclose(grads[0], grads[2], atol=1e-4, rtol=1e-2)
+    with pytest.raises(ValueError, match="trained marks the 8 response tokens"):
+        Sample(samples[0].input_ids, 8, samples[0].old_logprobs, 1.0, trained=[True] * 7)
+
+
 def test_no_samples_no_step(tiny_model_path, tiny_tokenizer):
     model = load_model(tiny_model_path)
     optimizer = make_optimizer(model, lr=1e-3, weight_decay=0.0)

@@ -84,6 +84,25 @@ def test_multi_turn_samples_mask_only_the_step_tokens():
     assert second.input_ids == [1, 2, 3, 7, 8, 4, 5, 9] and second.response_len == 1 and second.advantage == -0.5
 
 
+def test_rm_samples_can_leave_the_forced_verdict_tokens_out():
+    from rlanything.models.generation import Choice
+
+    choice = Choice([7, 8], {1: [3], -1: [4, 3]}, [9])  # opener, options, closer
+    rows = pd.DataFrame(
+        {
+            "prompt_ids": [[1, 2], [1, 2]],
+            "response_ids": [[5, 7, 8, 3, 9], [7, 8, 4, 3, 9]],  # reasoning [5] then +1; a direct -1
+            "logprobs": [[-0.5] * 5, [-0.5] * 5],
+            "advantage": [1.0, -1.0],
+            "step_score": [1, -1],
+        }
+    )
+    every, chosen = to_samples(rows), to_samples(rows, choice)
+    assert [s.trained for s in every] == [None, None]
+    assert [s.trained for s in chosen] == [[True, False, False, True, False], [False, False, True, False, False]]
+    assert [s.input_ids for s in chosen] == [s.input_ids for s in every]
+
+
 def test_judging_only_the_trainable_tasks_leaves_every_kept_sample_as_it_was():
     from pathlib import Path
 
