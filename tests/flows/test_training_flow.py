@@ -169,3 +169,24 @@ def test_the_rm_update_can_train_only_the_tokens_its_rm_chose(prefect_server, tm
     assert len(kept) > 0 and (forced > len(choice.opener) + len(choice.closer)).any()
     trained = read_table(layout.artifact(0, "rm_update"), schemas.UPDATE).num_tokens.sum()
     assert trained == (kept.response_ids.map(len) - forced).sum()
+
+
+def test_the_verdict_gradient_benchmark_splits_the_rm_gradient_by_token(run):
+    """benchmarks/verdict_gradient.py on this run's first RM mini-batch: the every-token gradient
+    is the chosen tokens' and the appended ones' together, so it leans towards both."""
+    import re
+    import subprocess
+    import sys
+
+    result, _ = run
+    command = [sys.executable, "benchmarks/verdict_gradient.py", result["run_dir"], "--limit", "4"]
+    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    judged, chosen, appended = map(
+        int, re.search(r"(\d+) judgments.*\ntokens: (\d+) chosen, (\d+) appended", out.stdout).groups()
+    )
+    assert judged == 4 and chosen >= 4 and appended >= 6 * 4, out.stdout  # "\n\boxed{" and "}" at least
+    norms = dict(re.findall(r"^(every token|chosen only|appended only) +gradient norm ([\d.]+)$", out.stdout, re.M))
+    assert len(norms) == 3 and all(float(n) > 0 for n in norms.values()), out.stdout
+    cos = dict(re.findall(r"^cosine\((.+)\) (-?[\d.]+)$", out.stdout, re.M))
+    assert 0 < float(cos["every token, chosen only"]) < 1 and 0 < float(cos["every token, appended only"]) < 1

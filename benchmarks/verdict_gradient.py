@@ -1,0 +1,108 @@
+"""What the RM update's gradient is made of, on a run's real judgments: the tokens the RM chose
+(its reasoning and the constrained verdict's first token) against the ones appended around
+them ("\\n\\boxed{", the "1" of "-1", "}").
+
+    python benchmarks/verdict_gradient.py RUN_DIR [--iteration 0] [--limit 48]
+
+Takes the RM's first mini-batch of that iteration exactly as its update drew it (the kept
+judgments, the trainer's seeded shuffle; at most `limit` of them, for time) and the weights the
+update started from, and computes the PPO-clip gradient (fp32, the sampler's log-probs as the
+old ones) three times: every token trained (`rm.train_forced_tokens: true`), the chosen tokens
+only (false), the appended tokens only. Prints each gradient's norm and the cosines between
+them. Where the appended tokens' gradient is large and orthogonal to the decision's, the
+every-token update spends its step on tokens no verdict depends on. Needs a run whose RM gives
+constrained verdicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import cpu_line, header  # noqa: E402
+
+from rlanything.config import load_config  # noqa: E402
+from rlanything.models.judge import verdict_choice  # noqa: E402
+from rlanything.models.loading import load_model, load_tokenizer  # noqa: E402
+from rlanything.models.trainer import Sample, ppo_update  # noqa: E402
+from rlanything.seeding import derive_seed  # noqa: E402
+from rlanything.storage.artifacts import read_artifact  # noqa: E402
+from rlanything.storage.layout import RunLayout  # noqa: E402
+from rlanything.tasks.common import model_path  # noqa: E402
+from rlanything.tasks.update import to_samples  # noqa: E402
+
+
+def first_mini_batch(run_dir: Path, iteration: int, limit: int):
+    """-> (config, the RM's start weights, its first mini-batch of samples with `trained` set)."""
+    config = load_config(run_dir / "config.yaml")
+    layout = RunLayout(run_dir)
+    adv, judgments = read_artifact(layout, iteration, "advantages"), read_artifact(layout, iteration, "judgments")
+    kept = adv[(adv.kind == "rm") & adv.kept][["traj_id", "step_idx", "judge_idx", "advantage"]]
+    rows = kept.merge(judgments, on=["traj_id", "step_idx", "judge_idx"], how="inner", validate="one_to_one")
+    start = model_path(config, layout, "rm", iteration)
+    samples = to_samples(rows, verdict_choice(load_tokenizer(start)))
+    if not samples:
+        sys.exit(f"iteration {iteration} kept no RM sample: nothing trained")
+    rng = random.Random(derive_seed(config.run.seed, iteration, "rm_update"))  # as trainer.ppo_update draws
+    order = rng.sample(range(len(samples)), len(samples))
+    mini = order[:: min(config.rm.optim.updates_per_iteration, len(samples))][:limit]
+    return config, start, [samples[i] for i in mini]
+
+
+def gradient(start: Path, samples: list[Sample], config, pad_id: int) -> torch.Tensor:
+    model = load_model(start)
+    ppo_update(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),  # keeps the weights: only the gradient is read
+        samples,
+        pad_id=pad_id,
+        temperature=config.rm.temperature,
+        clip_eps=config.algo.clip_eps,
+        kl_beta=config.algo.kl_beta,
+        grad_clip=1e9,
+        updates=1,
+        micro_batch_size=config.rm.optim.micro_batch_size,
+        seed=0,
+    )
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--iteration", type=int, default=0)
+    parser.add_argument("--limit", type=int, default=48, help="judgments of the mini-batch used, at most")
+    args = parser.parse_args()
+    header("the RM update's gradient: chosen tokens against appended ones")
+    print(f"   {cpu_line()}")
+    config, start, samples = first_mini_batch(args.run_dir, args.iteration, args.limit)
+    pad_id = load_tokenizer(start).pad_token_id
+    chosen = sum(sum(s.trained) for s in samples)
+    total = sum(s.response_len for s in samples)
+    print(f"{len(samples)} judgments of iteration {args.iteration}'s first RM mini-batch, from {start}")
+    print(f"tokens: {chosen} chosen, {total - chosen} appended")
+    variants = {
+        "every token": [Sample(s.input_ids, s.response_len, s.old_logprobs, s.advantage) for s in samples],
+        "chosen only": samples,
+        "appended only": [
+            Sample(s.input_ids, s.response_len, s.old_logprobs, s.advantage, trained=[not t for t in s.trained])
+            for s in samples
+        ],
+    }
+    grads = {name: gradient(start, batch, config, pad_id) for name, batch in variants.items()}
+    for name, g in grads.items():
+        print(f"{name:14s} gradient norm {float(g.norm()):.4f}")
+    names = list(grads)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            cos = float(grads[a] @ grads[b] / (grads[a].norm() * grads[b].norm()))
+            print(f"cosine({a}, {b}) {cos:.3f}")
+
+
+if __name__ == "__main__":
+    main()
