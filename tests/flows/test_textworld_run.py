@@ -30,6 +30,7 @@ def run(prefect_server, tmp_path_factory):
         "policy.group_size=2",
         "rm.judgments_per_step=2",
         "env.max_steps=3",
+        "rm.train_forced_tokens=false",  # the text games' RM trains the tokens it chose
     ]
     return train_flow(str(REPO / "configs" / "tiny-textworld.yaml"), overrides)
 
@@ -95,6 +96,23 @@ def test_multi_step_rows_and_per_step_judgments(run):
     assert all('"quest_length": 1' in spec for spec in adaptation.candidate_spec)
     assert read_table(layout.artifact(1, "outcomes"), schemas.OUTCOMES).pending.sum() == 2 * 2
     assert layout.tasks_snapshot(2).exists()
+
+
+def test_the_rm_update_trains_only_the_tokens_its_rm_chose(run):
+    """rm.train_forced_tokens false: each kept judgment trains its reasoning and its verdict's
+    first token, not the appended "\n\boxed{", the "1" of "-1" or "}"."""
+    from rlanything.models.judge import verdict_choice
+    from rlanything.models.loading import load_tokenizer, resolve_model_path
+
+    layout = RunLayout(Path(run["run_dir"]))
+    choice = verdict_choice(load_tokenizer(resolve_model_path("builtin:tiny-random?seed=1")))
+    for iteration in (0, 1):
+        adv = read_table(layout.artifact(iteration, "advantages"), schemas.ADVANTAGES)
+        judgments = read_table(layout.artifact(iteration, "judgments"), schemas.JUDGMENTS)
+        kept = adv[(adv.kind == "rm") & adv.kept].merge(judgments, on=["traj_id", "step_idx", "judge_idx"])
+        forced = len(choice.opener) + len(choice.closer) + (kept.step_score == -1)  # "-1" is 2 tokens here
+        trained = read_table(layout.artifact(iteration, "rm_update"), schemas.UPDATE).num_tokens.sum()
+        assert len(kept) > 0 and trained == (kept.response_ids.map(len) - forced).sum()
 
 
 def test_eval_measures_the_rm_against_the_step_labels_with_the_last_steps_apart(run):

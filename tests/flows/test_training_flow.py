@@ -151,26 +151,6 @@ def test_rerun_skips_finished_iterations_and_a_changed_config_is_refused(run):
         train_flow(str(REPO / "configs" / "tiny.yaml"), overrides + ["algo.lam=0"])
 
 
-def test_the_rm_update_can_train_only_the_tokens_its_rm_chose(prefect_server, tmp_path):
-    """rm.train_forced_tokens false: the RM update trains each kept judgment's reasoning and
-    verdict token, not the appended "\\n\\boxed{", the "1" of "-1" or "}"."""
-    from rlanything.flows.training import train_flow
-    from rlanything.models.judge import verdict_choice
-    from rlanything.models.loading import load_tokenizer
-
-    overrides = [f"run.root={tmp_path}", "run.name=chosen", "run.iterations=1", "env.num_problems=2"]
-    overrides += ["policy.tasks_per_iteration=2", "rm.train_forced_tokens=false"]
-    layout = RunLayout(Path(train_flow(str(REPO / "configs" / "tiny.yaml"), overrides)["run_dir"]))
-    choice = verdict_choice(load_tokenizer(resolve_model_path("builtin:tiny-random?seed=1")))
-    adv = read_table(layout.artifact(0, "advantages"), schemas.ADVANTAGES)
-    judgments = read_table(layout.artifact(0, "judgments"), schemas.JUDGMENTS)
-    kept = adv[(adv.kind == "rm") & adv.kept].merge(judgments, on=["traj_id", "step_idx", "judge_idx"])
-    forced = len(choice.opener) + len(choice.closer) + (kept.step_score == -1)  # "-1" is 2 tokens here
-    assert len(kept) > 0 and (forced > len(choice.opener) + len(choice.closer)).any()
-    trained = read_table(layout.artifact(0, "rm_update"), schemas.UPDATE).num_tokens.sum()
-    assert trained == (kept.response_ids.map(len) - forced).sum()
-
-
 def test_the_verdict_gradient_benchmark_splits_the_rm_gradient_by_token(run):
     """benchmarks/verdict_gradient.py on this run's first RM mini-batch: the every-token gradient
     is the chosen tokens' and the appended ones' together, so it leans towards both."""
