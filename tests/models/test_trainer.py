@@ -70,25 +70,29 @@ def test_update_raises_positive_and_lowers_negative_advantage_responses(tiny_mod
     assert delta[0] > 0 and delta[2] > 0 and delta[1] < 0 and delta[3] < 0, delta
 
 
+def one_step_gradient(model, samples, pad_id: int, micro: int) -> tuple[torch.Tensor, dict]:
+    """The gradient of one optimizer step over all `samples` (weights kept) and its stats."""
+    history = ppo_update(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),  # keep weights, read the grads
+        samples,
+        pad_id=pad_id,
+        temperature=1.0,
+        clip_eps=0.2,
+        kl_beta=0.01,
+        grad_clip=1e9,
+        updates=1,
+        micro_batch_size=micro,
+        seed=0,
+    )
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), history[0]
+
+
 def test_micro_batching_does_not_change_the_gradient(tiny_model_path, tiny_tokenizer):
     grads = []
     for micro in (1, 4):
         model, samples = batch(tiny_model_path, tiny_tokenizer)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # keep weights, read the grads
-        ppo_update(
-            model,
-            optimizer,
-            samples,
-            pad_id=tiny_tokenizer.pad_token_id,
-            temperature=1.0,
-            clip_eps=0.2,
-            kl_beta=0.01,
-            grad_clip=1e9,
-            updates=1,
-            micro_batch_size=micro,
-            seed=0,
-        )
-        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        grads.append(one_step_gradient(model, samples, tiny_tokenizer.pad_token_id, micro)[0])
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
 
 
@@ -113,23 +117,9 @@ def test_a_sample_trains_only_its_chosen_tokens(tiny_model_path, tiny_tokenizer)
     ]
     grads, tokens = [], []
     for batch_ in (masked, cut, samples):
-        model = load_model(tiny_model_path)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # keep weights, read the grads
-        history = ppo_update(
-            model,
-            optimizer,
-            batch_,
-            pad_id=tiny_tokenizer.pad_token_id,
-            temperature=1.0,
-            clip_eps=0.2,
-            kl_beta=0.01,
-            grad_clip=1e9,
-            updates=1,
-            micro_batch_size=2,
-            seed=0,
-        )
-        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
-        tokens.append(history[0]["num_tokens"])
+        grad, stats = one_step_gradient(load_model(tiny_model_path), batch_, tiny_tokenizer.pad_token_id, micro=2)
+        grads.append(grad)
+        tokens.append(stats["num_tokens"])
     assert all(s.response_len == 8 for s in samples)  # the tiny model used its whole budget
     assert tokens == [4, 4, 32]
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
