@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -27,31 +28,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_line, header  # noqa: E402
 
 from rlanything.config import load_config  # noqa: E402
-from rlanything.models.judge import verdict_choice  # noqa: E402
 from rlanything.models.loading import load_model, load_tokenizer  # noqa: E402
-from rlanything.models.trainer import Sample, ppo_update  # noqa: E402
+from rlanything.models.trainer import Sample, epoch_mini_batches, ppo_update  # noqa: E402
 from rlanything.seeding import derive_seed  # noqa: E402
-from rlanything.storage.artifacts import read_artifact  # noqa: E402
 from rlanything.storage.layout import RunLayout  # noqa: E402
 from rlanything.tasks.common import model_path  # noqa: E402
-from rlanything.tasks.update import to_samples  # noqa: E402
+from rlanything.tasks.update import judgment_samples  # noqa: E402
 
 
 def first_mini_batch(run_dir: Path, iteration: int, limit: int):
     """-> (config, the RM's start weights, its first mini-batch of samples with `trained` set)."""
     config = load_config(run_dir / "config.yaml")
     layout = RunLayout(run_dir)
-    adv, judgments = read_artifact(layout, iteration, "advantages"), read_artifact(layout, iteration, "judgments")
-    kept = adv[(adv.kind == "rm") & adv.kept][["traj_id", "step_idx", "judge_idx", "advantage"]]
-    rows = kept.merge(judgments, on=["traj_id", "step_idx", "judge_idx"], how="inner", validate="one_to_one")
-    start = model_path(config, layout, "rm", iteration)
-    samples = to_samples(rows, verdict_choice(load_tokenizer(start)))
+    samples = judgment_samples(config, layout, iteration, chosen_only=True)
     if not samples:
         sys.exit(f"iteration {iteration} kept no RM sample: nothing trained")
-    rng = random.Random(derive_seed(config.run.seed, iteration, "rm_update"))  # as trainer.ppo_update draws
-    order = rng.sample(range(len(samples)), len(samples))
-    mini = order[:: min(config.rm.optim.updates_per_iteration, len(samples))][:limit]
-    return config, start, [samples[i] for i in mini]
+    rng = random.Random(derive_seed(config.run.seed, iteration, "rm_update"))  # the update's own seed
+    mini = epoch_mini_batches(rng, len(samples), config.rm.optim.updates_per_iteration)[0][:limit]
+    return config, model_path(config, layout, "rm", iteration), [samples[i] for i in mini]
 
 
 def gradient(start: Path, samples: list[Sample], config, pad_id: int) -> torch.Tensor:
@@ -87,12 +81,9 @@ def main() -> None:
     print(f"{len(samples)} judgments of iteration {args.iteration}'s first RM mini-batch, from {start}")
     print(f"tokens: {chosen} chosen, {total - chosen} appended")
     variants = {
-        "every token": [Sample(s.input_ids, s.response_len, s.old_logprobs, s.advantage) for s in samples],
+        "every token": [replace(s, trained=None) for s in samples],
         "chosen only": samples,
-        "appended only": [
-            Sample(s.input_ids, s.response_len, s.old_logprobs, s.advantage, trained=[not t for t in s.trained])
-            for s in samples
-        ],
+        "appended only": [replace(s, trained=[not t for t in s.trained]) for s in samples],
     }
     grads = {name: gradient(start, batch, config, pad_id) for name, batch in variants.items()}
     for name, g in grads.items():

@@ -28,7 +28,7 @@ import contextlib
 import random
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -159,12 +159,10 @@ def ppo_update(
         samples = with_trainer_logprobs(model, samples, pad_id, temperature, micro_batch_size, autocast)
     loss_args = dict(pad_id=pad_id, temperature=temperature, clip_eps=clip_eps, kl_beta=kl_beta, tis_cap=tis_cap)
     rng = random.Random(seed)  # one stream: the first epoch's order is the same whatever `epochs`
-    n_mini = min(updates, len(samples))
     model.train()
     history = []
     for epoch in range(epochs):
-        order = rng.sample(range(len(samples)), len(samples))
-        for mini in (order[k::n_mini] for k in range(n_mini)):
+        for mini in epoch_mini_batches(rng, len(samples), updates):
             if lr_at is not None:
                 for group in optimizer.param_groups:
                     group["lr"] = lr_at(len(history))
@@ -176,6 +174,15 @@ def ppo_update(
             history.append({"update_idx": len(history), "epoch": epoch, **stats, **gap})
     model.eval()
     return history
+
+
+def epoch_mini_batches(rng: random.Random, n: int, updates: int) -> list[list[int]]:
+    """One pass's mini-batches (sample indices) as `ppo_update` draws them from `rng`: the n
+    samples shuffled, then every min(updates, n)-th from k = 0, 1, ...
+    Example: n 5, updates 2, order [3, 0, 4, 1, 2] -> [[3, 4, 2], [0, 1]]."""
+    n_mini = min(updates, n)
+    order = rng.sample(range(n), n)
+    return [order[k::n_mini] for k in range(n_mini)]
 
 
 MEASURES = ("loss", "pg_loss", "kl", "clip_frac", "entropy")  # per optimizer step, means over its samples
@@ -210,7 +217,7 @@ def with_trainer_logprobs(
             logprobs, _ = packed_response_logprobs(model, [s.input_ids for s in micro], lens, pad_id, temperature)
             for row, (i, s) in enumerate(zip(idx, micro)):
                 mine = logprobs[row, logprobs.shape[1] - s.response_len :].float().tolist()
-                out[i] = Sample(s.input_ids, s.response_len, mine, s.advantage, list(s.old_logprobs), s.trained)
+                out[i] = replace(s, old_logprobs=mine, sampler_logprobs=list(s.old_logprobs))
     model.train(was_training)
     return out
 

@@ -159,16 +159,23 @@ def policy_update(run_dir: str, iteration: int):
 @step_task("rm_update")
 def rm_update(run_dir: str, iteration: int):
     config, layout = open_run(run_dir)
-    adv = read_artifact(layout, iteration, "advantages")
     if config.rm.role == "unit_tests":  # the samples are the RM's generated tests (judge_idx = test_idx)
+        adv = read_artifact(layout, iteration, "advantages")
         tests = read_artifact(layout, iteration, "unit_tests").rename(columns={"test_idx": "judge_idx"})
         kept = adv[(adv.kind == "rm") & adv.kept][["task_id", "judge_idx", "advantage"]]
         rows = kept.merge(tests, on=["task_id", "judge_idx"], how="inner", validate="one_to_one")
         return _update(run_dir, iteration, "rm", to_samples(rows), config.rm)
-    judgments = read_artifact(layout, iteration, "judgments")
+    samples = judgment_samples(config, layout, iteration, chosen_only=not config.rm.train_forced_tokens)
+    return _update(run_dir, iteration, "rm", samples, config.rm)
+
+
+def judgment_samples(config: Config, layout: RunLayout, iteration: int, chosen_only: bool) -> list[Sample]:
+    """The RM's kept judgments of `iteration` (its advantages artifact) as trainer samples; with
+    `chosen_only`, each marks the tokens its RM chose (`to_samples`)."""
+    adv, judgments = read_artifact(layout, iteration, "advantages"), read_artifact(layout, iteration, "judgments")
     kept = adv[(adv.kind == "rm") & adv.kept][["traj_id", "step_idx", "judge_idx", "advantage"]]
     rows = kept.merge(judgments, on=["traj_id", "step_idx", "judge_idx"], how="inner", validate="one_to_one")
     choice = None
-    if not config.rm.train_forced_tokens:  # the tokenizer spells the appended verdict tokens
+    if chosen_only:  # the RM's tokenizer spells the appended verdict tokens
         choice = verdict_choice(load_tokenizer(model_path(config, layout, "rm", iteration)))
-    return _update(run_dir, iteration, "rm", to_samples(rows, choice), config.rm)
+    return to_samples(rows, choice)
