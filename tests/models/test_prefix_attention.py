@@ -36,27 +36,31 @@ def test_one_query_by_hand():
     assert prefix.used == {0}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("queries,mask", [(1, "bool"), (1, "additive"), (1, None), (4, "bool"), (4, None)])
-def test_equals_sdpa_over_the_concatenated_keys(queries, mask):
+def test_equals_sdpa_over_the_concatenated_keys(queries, mask, dtype):
     """(B, H, q, d) queries, 2 KV heads for 6 query heads (GQA), a 5-column prefix and 4 own
-    columns (row 0 with its first column masked): SDPA over [prefix, own] with the prefix visible."""
+    columns (row 0 with its first column masked): SDPA over [prefix, own] with the prefix visible.
+    bf16 takes the own scores as (K·qᵀ)ᵀ, the reference is fp32 SDPA on the same bf16 numbers."""
     torch.manual_seed(0)
     b, heads, kv, d, p, s = 2, 6, 2, 8, 5, max(4, queries)
-    q = torch.randn(b, heads, queries, d)
-    pk, pv = torch.randn(kv, p, d), torch.randn(kv, p, d)
-    k, v = torch.randn(b, kv, s, d), torch.randn(b, kv, s, d)
+    q = torch.randn(b, heads, queries, d).to(dtype)
+    pk, pv = torch.randn(kv, p, d).to(dtype), torch.randn(kv, p, d).to(dtype)
+    k, v = torch.randn(b, kv, s, d).to(dtype), torch.randn(b, kv, s, d).to(dtype)
     visible = torch.ones(b, 1, queries, s, dtype=torch.bool).tril(s - queries)  # causal, bottom-right
     if mask is not None:
         visible[0, :, :, 0] = False
-    given = {"bool": visible, "additive": torch.zeros(visible.shape).masked_fill(~visible, -math.inf), None: None}
+    additive = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, -math.inf)
+    given = {"bool": visible, "additive": additive, None: None}
     prefix = SharedPrefix([pk], [pv])
     got, _ = attention(Layer(), q, k, v, given[mask], scaling=0.3, shared_prefix=prefix)
-    keys = torch.cat([pk.expand(b, -1, -1, -1), k], 2).repeat_interleave(heads // kv, 1)
-    values = torch.cat([pv.expand(b, -1, -1, -1), v], 2).repeat_interleave(heads // kv, 1)
+    keys = torch.cat([pk.expand(b, -1, -1, -1), k], 2).repeat_interleave(heads // kv, 1).float()
+    values = torch.cat([pv.expand(b, -1, -1, -1), v], 2).repeat_interleave(heads // kv, 1).float()
     full = torch.cat([torch.ones(b, 1, queries, p, dtype=torch.bool), visible], -1)
-    expected = F.scaled_dot_product_attention(q, keys, values, attn_mask=full, scale=0.3).transpose(1, 2)
-    assert got.shape == (b, queries, heads, d)
-    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+    expected = F.scaled_dot_product_attention(q.float(), keys, values, attn_mask=full, scale=0.3).transpose(1, 2)
+    assert got.shape == (b, queries, heads, d) and got.dtype == dtype
+    tolerance = {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 2e-2}
+    torch.testing.assert_close(got.float(), expected, **tolerance)
 
 
 def test_without_a_prefix_it_is_sdpa():
