@@ -3,6 +3,7 @@ without the shared prefix, beside CTranslate2 and OpenVINO GenAI.
 
     python benchmarks/decode_step.py [--rows 64] [--steps 10] [--shapes 69:31,92:110]
         [--precision fp32,bf16] [--no-ct2] [--openvino default|f32,default|none] [--openvino-ir DIR]
+        [--profile]
 
 A step of `rows` sequences runs the model once on one token per row: 2 · params · rows FLOPs,
 a precision's compute limit being that over the matmul FLOP/s timed in this process in the same
@@ -44,7 +45,8 @@ memory bandwidth, not by the FLOPs). Printed once when fp32 and bf16 both run: t
 rows (SHARED + OWN - 3 - steps // 2 tokens each, as the timed steps start from) teacher-forced
 through both models, and the mean, 99th percentile and max over every predicted token of
 |log p_fp32 - log p_bf16| (log_softmax of the logits cast to fp32, T = 1, as the engine records),
-the prefix's tokens (the same in every row) counted once.
+the prefix's tokens (the same in every row) counted once. With --profile, per precision: where
+the last shape's held-once step goes (torch's profiler, self time per op, grouped into PARTS).
 """
 
 from __future__ import annotations
@@ -82,6 +84,49 @@ def random_rows(vocab: int, rows: int, shared: int, own: int, steps: int) -> tup
 
 def step_ms(model, rows: int, shared: int, own: int, held_once: bool, steps: int) -> float:
     """Fastest ms of a decoding step once every row holds shared + own columns."""
+    return fastest_ms(warm_decoder(model, rows, shared, own, held_once, steps).step, steps)
+
+
+# where a step's time goes: aten ops by name (profiler self time); the rest is "other"
+PARTS = {
+    "Linear layers": {"aten::mm", "aten::addmm", "aten::linear"},
+    "attention": {"aten::bmm", "aten::_softmax", "aten::_scaled_dot_product_flash_attention_for_cpu"},
+    "copies and casts": {"aten::copy_", "aten::cat", "aten::_to_copy", "aten::contiguous", "aten::clone"},
+    "sampling (vocab-wide)": {"aten::cumsum", "aten::_log_softmax", "aten::exp", "aten::div", "aten::argmax"},
+    "elementwise (norms/rotary/MLP gate)": {
+        "aten::mul",
+        "aten::add",
+        "aten::silu",
+        "aten::pow",
+        "aten::mean",
+        "aten::rsqrt",
+        "aten::neg",
+        "aten::masked_fill",
+        "aten::add_",
+        "aten::sub",
+        "aten::div_",
+    },
+}
+
+
+def step_profile(model, rows: int, shared: int, own: int, steps: int) -> dict[str, float]:
+    """ms per held-once decoding step in each of PARTS (and "other", "total"), from torch's
+    profiler over `steps` steps: the profiler's own cost inflates the total a little."""
+    decoder = warm_decoder(model, rows, shared, own, True, steps)
+    with torch.profiler.profile() as prof:
+        for _ in range(steps):
+            decoder.step()
+    out = dict.fromkeys([*PARTS, "other"], 0.0)
+    for event in prof.key_averages():
+        part = next((name for name, ops in PARTS.items() if event.key in ops), "other")
+        out[part] += event.self_cpu_time_total / 1000 / steps
+    out["total"] = sum(out.values())
+    return out
+
+
+def warm_decoder(model, rows: int, shared: int, own: int, held_once: bool, steps: int) -> Decoder:
+    """A Decoder of `rows` rows past its prefill and 3 steps: at the middle of the next `steps`
+    steps every row holds shared + own columns (the prefix held once or in every row)."""
     prefix_ids, own_ids = random_rows(model.config.vocab_size, rows, shared, own, steps)
     prefix = None
     if held_once:
@@ -95,7 +140,7 @@ def step_ms(model, rows: int, shared: int, own: int, held_once: bool, steps: int
     decoder.admit(list(range(rows)), ids, torch.ones_like(ids), None)
     for _ in range(3):
         decoder.step()
-    return fastest_ms(decoder.step, steps)
+    return decoder
 
 
 def ct2_step_ms(
@@ -211,6 +256,8 @@ def precision_run(model_dir: Path, name: str, args, shapes: list[tuple[int, int]
             out["times"][(shared, own)] = [
                 step_ms(model, args.rows, shared, own, held, args.steps) for held in (False, True)
             ]
+        if args.profile:
+            out["profile"] = step_profile(model, args.rows, *shapes[-1], args.steps)
     if len(args.precisions) > 1:
         prefix_ids, own_ids = random_rows(model.config.vocab_size, args.rows, *shapes[0], args.steps)
         logprobs = teacher_forced_logprobs(model, torch.cat([prefix_ids.expand(args.rows, -1), own_ids], 1))
@@ -262,6 +309,12 @@ def report(args, shapes, runs: dict, ceilings: dict, engines: dict) -> None:
             if precision in runs:
                 line += f" | held once {precision} / {label.split()[0]} {runs[precision]['times'][shape][1] / ms:.2f}"
             print(line)
+    for name, run in runs.items():
+        if "profile" in run:
+            parts = ", ".join(f"{part} {ms:.1f}" for part, ms in run["profile"].items())
+            print(
+                f"   {name}: where a held-once step of shape {shapes[-1][0]}:{shapes[-1][1]} goes (ms, profiled): {parts}"
+            )
     if "logprobs" in runs.get("bf16", {}) and "logprobs" in runs.get("fp32", {}):
         diff = (runs["fp32"]["logprobs"] - runs["bf16"]["logprobs"]).abs()
         print(
@@ -280,6 +333,7 @@ def main() -> None:
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
     parser.add_argument("--openvino", default="default", help="of default, f32 (comma-separated), or none")
     parser.add_argument("--openvino-ir", default=None, help="an fp32 OpenVINO IR folder already exported")
+    parser.add_argument("--profile", action="store_true", help="also where the last shape's held-once step goes")
     args = parser.parse_args()
     shapes = [tuple(map(int, shape.split(":"))) for shape in args.shapes.split(",")]
     args.precisions = args.precision.split(",")

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_decode_step_benchmark_prints_both_layouts_in_both_precisions_against_the_limit():
     command = [sys.executable, "benchmarks/decode_step.py", "--rows", "4", "--steps", "2"]
-    command += ["--shapes", "9:6,12:8", "--precision", "fp32,bf16", "--no-ct2", "--openvino", "none"]
+    command += ["--shapes", "9:6,12:8", "--precision", "fp32,bf16", "--no-ct2", "--openvino", "none", "--profile"]
     out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert re.search(r"^   cpu .+: avx2 (yes|no), avx512f (yes|no), avx512_bf16 (yes|no), amx_bf16", out.stdout, re.M)
@@ -41,6 +41,16 @@ def test_decode_step_benchmark_prints_both_layouts_in_both_precisions_against_th
     assert mismatch and int(mismatch.group(1)) == 8 + 4 * 2, out.stdout
     mean, p99, top = map(float, mismatch.groups()[1:])
     assert 0 < mean <= top and p99 <= top < 5, out.stdout  # bf16 rounds the logits: differs, but not wildly
+    for name in ("fp32", "bf16"):  # --profile: the last shape's held-once step, split into parts
+        line = re.search(
+            rf"{name}: where a held-once step of shape 12:8 goes \(ms, profiled\): (.+)$", out.stdout, re.M
+        )
+        found = re.findall(r"([^,]+?) ([\d.]+)(?:,|$)", line.group(1).strip()) if line else []
+        parts = {part.strip(): ms for part, ms in found}
+        assert {"Linear layers", "attention", "sampling (vocab-wide)", "other", "total"} <= set(parts), out.stdout
+        assert float(parts["Linear layers"]) > 0 and float(parts["sampling (vocab-wide)"]) > 0, out.stdout
+        total = float(parts.pop("total"))
+        assert abs(sum(map(float, parts.values())) - total) <= 0.1 * len(parts), out.stdout
     table = out.stdout.split("limit")[-1]
     assert "ct2" not in table and "openvino" not in table  # --no-ct2 --openvino none: neither column
 
