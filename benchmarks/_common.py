@@ -103,3 +103,14 @@ class TokensFed:
     def __exit__(self, *exc) -> None:
         for hook in self.hooks:
             hook.remove()
+
+
+def profile_parts(prof, parts: dict[str, set[str]], per: int = 1) -> dict[str, float]:
+    """ms of self time in each group of aten ops of `parts` ({name: op names}), "other" for the
+    rest and "total", from a finished `torch.profiler.profile`, divided by `per` (e.g. steps)."""
+    out = dict.fromkeys([*parts, "other"], 0.0)
+    for event in prof.key_averages():
+        part = next((name for name, ops in parts.items() if event.key in ops), "other")
+        out[part] += event.self_cpu_time_total / 1000 / per
+    out["total"] = sum(out.values())
+    return out

@@ -62,7 +62,7 @@ import torch
 from transformers import AutoConfig, DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_line, fastest_ms, header, matmul_ceiling, params_of, timed  # noqa: E402
+from _common import cpu_line, fastest_ms, header, matmul_ceiling, params_of, profile_parts, timed  # noqa: E402
 from cpu_engines import CT2, OpenVino, default_precision, export_openvino, installed  # noqa: E402
 
 from rlanything.models.decode import Decoder  # noqa: E402
@@ -116,12 +116,7 @@ def step_profile(model, rows: int, shared: int, own: int, steps: int) -> dict[st
     with torch.profiler.profile() as prof:
         for _ in range(steps):
             decoder.step()
-    out = dict.fromkeys([*PARTS, "other"], 0.0)
-    for event in prof.key_averages():
-        part = next((name for name, ops in PARTS.items() if event.key in ops), "other")
-        out[part] += event.self_cpu_time_total / 1000 / steps
-    out["total"] = sum(out.values())
-    return out
+    return profile_parts(prof, PARTS, per=steps)
 
 
 def warm_decoder(model, rows: int, shared: int, own: int, held_once: bool, steps: int) -> Decoder:

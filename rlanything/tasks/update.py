@@ -149,24 +149,29 @@ def _mismatch(kind: str, frame: pd.DataFrame) -> dict[str, float]:
 @step_task("policy_update")
 def policy_update(run_dir: str, iteration: int):
     config, layout = open_run(run_dir)
-    adv, steps = read_artifact(layout, iteration, "advantages"), read_artifact(layout, iteration, "rollouts")
-    kept = adv[(adv.kind == "policy") & adv.kept][["traj_id", "step_idx", "advantage"]]
-    rows = kept.merge(steps, on=["traj_id", "step_idx"], how="inner", validate="one_to_one")
-    p = config.policy
-    return _update(run_dir, iteration, "policy", to_samples(rows), p)
+    return _update(run_dir, iteration, "policy", update_samples(config, layout, iteration, "policy"), config.policy)
 
 
 @step_task("rm_update")
 def rm_update(run_dir: str, iteration: int):
     config, layout = open_run(run_dir)
-    if config.rm.role == "unit_tests":  # the samples are the RM's generated tests (judge_idx = test_idx)
-        adv = read_artifact(layout, iteration, "advantages")
-        tests = read_artifact(layout, iteration, "unit_tests").rename(columns={"test_idx": "judge_idx"})
-        kept = adv[(adv.kind == "rm") & adv.kept][["task_id", "judge_idx", "advantage"]]
-        rows = kept.merge(tests, on=["task_id", "judge_idx"], how="inner", validate="one_to_one")
-        return _update(run_dir, iteration, "rm", to_samples(rows), config.rm)
-    samples = judgment_samples(config, layout, iteration, chosen_only=not config.rm.train_forced_tokens)
-    return _update(run_dir, iteration, "rm", samples, config.rm)
+    return _update(run_dir, iteration, "rm", update_samples(config, layout, iteration, "rm"), config.rm)
+
+
+def update_samples(config: Config, layout: RunLayout, iteration: int, kind: str) -> list[Sample]:
+    """What the update of `kind` ("policy" or "rm") trains on in `iteration`: its kept rollout
+    steps, or the RM's kept judgments (its generated tests where the RM writes unit tests)."""
+    if kind == "rm" and config.rm.role == "judge":
+        return judgment_samples(config, layout, iteration, chosen_only=not config.rm.train_forced_tokens)
+    adv = read_artifact(layout, iteration, "advantages")
+    if kind == "policy":
+        kept = adv[(adv.kind == "policy") & adv.kept][["traj_id", "step_idx", "advantage"]]
+        steps = read_artifact(layout, iteration, "rollouts")
+        return to_samples(kept.merge(steps, on=["traj_id", "step_idx"], how="inner", validate="one_to_one"))
+    # the RM writes unit tests: its samples are its generated tests (judge_idx = test_idx)
+    tests = read_artifact(layout, iteration, "unit_tests").rename(columns={"test_idx": "judge_idx"})
+    kept = adv[(adv.kind == "rm") & adv.kept][["task_id", "judge_idx", "advantage"]]
+    return to_samples(kept.merge(tests, on=["task_id", "judge_idx"], how="inner", validate="one_to_one"))
 
 
 def judgment_samples(config: Config, layout: RunLayout, iteration: int, chosen_only: bool) -> list[Sample]:

@@ -170,3 +170,31 @@ def test_the_verdict_gradient_benchmark_splits_the_rm_gradient_by_token(run):
     assert len(norms) == 3 and all(float(n) > 0 for n in norms.values()), out.stdout
     cos = dict(re.findall(r"^cosine\((.+)\) (-?[\d.]+)$", out.stdout, re.M))
     assert 0 < float(cos["every token, chosen only"]) < 1 and 0 < float(cos["every token, appended only"]) < 1
+
+
+@pytest.mark.parametrize("kind", ["policy", "rm"])
+def test_the_update_replay_benchmark_reruns_the_update_on_its_own_samples(run, kind):
+    """benchmarks/update_replay.py on iteration 0 of this run: the update replayed from the
+    samples the step trained on (as many as it logged) in fp32 and bf16, and profiled."""
+    import re
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    result, _ = run
+    trained = pd.read_parquet(RunLayout(Path(result["run_dir"])).artifact(0, f"{kind}_update"))
+    samples = int(trained[trained.epoch == 0].num_samples.sum())  # each kept sample once per epoch
+    command = [sys.executable, "benchmarks/update_replay.py", result["run_dir"], "--kind", kind]
+    command += ["--repeats", "1", "--profile"]
+    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(re.search(r"^   (\d+) samples, \d+ tokens", out.stdout, re.M).group(1)) == samples, out.stdout
+    assert float(re.search(r"bf16 speed-up \(fp32 s / bf16 s\): ([\d.]+)", out.stdout).group(1)) > 0
+    for precision in ("fp32", "bf16"):
+        line = re.search(rf"^   {precision}: where the update goes \(s, profiled\): (.+)$", out.stdout, re.M)
+        parts = {k.strip(): float(v) for k, v in re.findall(r"([^,]+?) ([\d.]+)(?:,|$)", line.group(1))}
+        assert {"matmuls", "attention", "optimizer and clipping", "other", "total"} <= set(parts), out.stdout
+        assert parts["matmuls"] > 0 and parts["optimizer and clipping"] > 0, out.stdout
+        total = parts.pop("total")
+        assert abs(sum(parts.values()) - total) <= 0.01 * len(parts), out.stdout

@@ -1,0 +1,127 @@
+"""A run's update replayed in fp32 and in bf16: what the update step costs in each, and where
+its time goes.
+
+    python benchmarks/update_replay.py RUN_DIR [--iteration 0] [--kind policy|rm]
+        [--precision fp32,bf16] [--repeats 2] [--micro N] [--profile]
+
+Takes the samples the update of `kind` trained on in that iteration (`tasks.update.update_samples`:
+its kept rollout steps or judgments, as the step reads them) and the weights it started from,
+and runs the update again as the step runs it (`distributed.run_update`: load, the trainer's own
+old log-probs where the precision calls for them (`algo.old_logprobs`), the PPO passes, the
+checkpoint written) into a scratch folder: once per precision and repeat, alternating (fp32,
+bf16, fp32, bf16, ...) so a neighbour's load falls on both. The run's own settings otherwise;
+`--micro` overrides the micro-batch size. Prints each run's seconds, the fastest per precision
+and the ratio. `--profile`: one more run per precision under torch's profiler, its self time
+grouped into PARTS (the profiler's own cost inflates the total a little).
+
+The start weights must still be in the run folder: iteration 0 starts from the base model; a
+later iteration needs the previous checkpoint (`run.keep_checkpoints`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import cpu_line, header, profile_parts  # noqa: E402
+
+from rlanything.config import load_config  # noqa: E402
+from rlanything.models.distributed import run_update  # noqa: E402
+from rlanything.models.precision import recompute_old_logprobs, run_precision  # noqa: E402
+from rlanything.storage.layout import RunLayout  # noqa: E402
+from rlanything.tasks.update import _job, steps_taken, update_samples  # noqa: E402
+
+# where an update's time goes: aten ops by name (profiler self time); the rest is "other"
+PARTS = {
+    "matmuls": {"aten::mm", "aten::addmm", "aten::bmm"},
+    "attention": {
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+    },
+    "copies and casts": {"aten::copy_", "aten::_to_copy", "aten::cat", "aten::clone", "aten::index_select"},
+    "zero fills": {"aten::fill_", "aten::zero_", "aten::zeros_like"},
+    "optimizer and clipping": {"aten::_fused_adamw_", "aten::linalg_vector_norm", "aten::_foreach_norm"},
+    "elementwise": {
+        "aten::mul",
+        "aten::mul_",
+        "aten::add",
+        "aten::add_",
+        "aten::sub",
+        "aten::div",
+        "aten::sum",
+        "aten::silu",
+        "aten::silu_backward",
+        "aten::pow",
+        "aten::exp",
+        "aten::where",
+        "aten::_softmax",
+        "aten::_log_softmax",
+        "aten::_log_softmax_backward_data",
+    },
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--iteration", type=int, default=0)
+    parser.add_argument("--kind", choices=["policy", "rm"], default="policy")
+    parser.add_argument("--precision", default="fp32,bf16", help="of fp32, bf16: comma-separated, alternated")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--micro", type=int, default=None, help="micro-batch size (default: the run's)")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    config, layout = load_config(args.run_dir / "config.yaml"), RunLayout(args.run_dir)
+    section = config.policy if args.kind == "policy" else config.rm
+    samples = update_samples(config, layout, args.iteration, args.kind)
+    if not samples:
+        sys.exit(f"iteration {args.iteration} kept no {args.kind} sample: nothing trained")
+    job = _job(config, layout, args.iteration, args.kind, section, steps_taken(layout, args.kind, args.iteration))
+    if not Path(job.start).exists():
+        sys.exit(f"the update's start weights {job.start} are gone (run.keep_checkpoints): replay iteration 0")
+    if args.micro:
+        job = replace(job, micro_batch_size=args.micro)
+    header(f"{args.kind} update of {args.run_dir.name} iteration {args.iteration} replayed")
+    print(f"   {cpu_line()}")
+    sampler = run_precision(config, layout.run_dir)[args.kind]["generation"].precision  # the samples' log-probs
+    tokens = sum(len(s.input_ids) for s in samples)
+    print(
+        f"   {len(samples)} samples, {tokens} tokens (prompts counted per sample), micro-batch "
+        f"{job.micro_batch_size}; sampled in {sampler}"
+    )
+    precisions = args.precision.split(",")
+    assert set(precisions) <= {"fp32", "bf16"}, args.precision
+
+    def once(precision: str) -> float:
+        recompute = recompute_old_logprobs(config.algo.old_logprobs, sampler, precision)
+        with tempfile.TemporaryDirectory() as out:
+            start = time.perf_counter()
+            run_update(replace(job, out=out, precision=precision, recompute_old=recompute), samples)
+            return time.perf_counter() - start
+
+    seconds = {p: [] for p in precisions}
+    for _ in range(args.repeats):
+        for precision in precisions:
+            seconds[precision].append(once(precision))
+            print(f"   {precision}: {seconds[precision][-1]:.2f} s", flush=True)
+    best = {p: min(s) for p, s in seconds.items()}
+    print("   fastest: " + ", ".join(f"{p} {s:.2f} s" for p, s in best.items()))
+    if {"fp32", "bf16"} <= set(best):
+        print(f"   bf16 speed-up (fp32 s / bf16 s): {best['fp32'] / best['bf16']:.2f}")
+    if args.profile:
+        for precision in precisions:
+            with torch.profiler.profile() as prof:
+                once(precision)
+            parts = ", ".join(f"{part} {ms / 1000:.2f}" for part, ms in profile_parts(prof, PARTS).items())
+            print(f"   {precision}: where the update goes (s, profiled): {parts}")
+
+
+if __name__ == "__main__":
+    main()
