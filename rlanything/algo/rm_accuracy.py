@@ -277,6 +277,48 @@ def verdict_shares(step_score: np.ndarray, parsed: np.ndarray, groups: np.ndarra
     return out
 
 
+def consistency_target(outcome: np.ndarray, label: np.ndarray, rule: np.ndarray) -> dict:
+    """What the paper's RM reward teaches about the steps, read from labelled steps alone.
+
+    outcome (N,) ±1: the outcome of each labelled step's episode; label (N,) ±1: the step's
+    ground-truth label; rule (N,) str: which case of the environment's rule labelled it
+    (closer, unchanged, invalid...). -> {"by_rule": {rule: (its steps in won episodes, its
+    steps)}, "won_good", "won_bad" (the share of the good and of the bad steps that are in won
+    episodes), "auroc", "auroc_low", "auroc_high"}.
+
+    With λ = 0 judgment j of a step earns O·S_j, z-scored over the step's m judgments: whatever
+    the step, the push is towards the verdict S = O. Summed over the steps a judge cannot tell
+    apart, a class of steps is pushed towards +1 in proportion to 2·P(won | class) − 1
+    (`algo.rm_balance` reweights the outcomes, which moves the zero point, not the order). So the
+    reward carries information about the labels only as far as good and bad steps differ in how
+    often their episodes are won. `auroc` measures that difference on the labels' scale: the
+    AUROC of the episode's outcome as a step's score, which is 1/2 + (won_good − won_bad)/2; it
+    is what a judge that knew every episode's outcome, the verdict the reward pays for, would
+    score against the labels. Near 1/2 the reward asks the judge for the outcome and nothing that
+    tells a good step from a bad one.
+
+    Worked example: closer steps of two won episodes; unchanged steps of a lost and a won one;
+    invalid steps of two lost and one won. Good steps are in won episodes 3 of 4 times, bad ones
+    1 of 3: AUROC 1/2 + (3/4 − 1/3)/2 = 0.7083 (of the 12 (good, bad) pairs 6 ranked right, 5 ties).
+
+    >>> r = consistency_target(np.array([1, 1, -1, 1, -1, -1, 1]), np.array([1, 1, 1, 1, -1, -1, -1]),
+    ...     np.array(["closer"] * 2 + ["unchanged"] * 2 + ["invalid"] * 3))
+    >>> round(r["auroc"], 4), r["won_good"], r["by_rule"]
+    (0.7083, 0.75, {'closer': (2, 2), 'invalid': (1, 3), 'unchanged': (1, 2)})
+    """
+    won, good, rule = np.asarray(outcome) > 0, np.asarray(label) > 0, np.asarray(rule)
+    by_rule = {name: (int(won[rule == name].sum()), int((rule == name).sum())) for name in sorted(set(rule.tolist()))}
+    low, high = auroc_interval(won.astype(float), good)
+    return {
+        "by_rule": by_rule,
+        "won_good": float(won[good].mean()) if good.any() else math.nan,
+        "won_bad": float(won[~good].mean()) if (~good).any() else math.nan,
+        "auroc": auroc(won.astype(float), good),
+        "auroc_low": low,
+        "auroc_high": high,
+    }
+
+
 @dataclass(frozen=True)
 class GuardDecision:
     alarm: bool

@@ -7,7 +7,15 @@ import math
 import numpy as np
 import pytest
 
-from rlanything.algo.rm_accuracy import MIN_CLASS, auroc, auroc_interval, guard, outcome_prediction, process_accuracy
+from rlanything.algo.rm_accuracy import (
+    MIN_CLASS,
+    auroc,
+    auroc_interval,
+    consistency_target,
+    guard,
+    outcome_prediction,
+    process_accuracy,
+)
 
 LIMITS = dict(max_score_gap=1.0, min_outcome_accuracy=0.5, min_outcome_auroc=0.6, min_trajectories=4)
 
@@ -226,3 +234,20 @@ def test_process_accuracy_matches_a_loop_over_steps():
         got = process_accuracy(*judgments(rows), labels)
         assert got["labelled_steps"] == len(right)
         assert (math.isnan(got["process_accuracy"]) and not right) or got["process_accuracy"] == np.mean(right)
+
+
+def test_consistency_target_is_the_outcome_gap_between_good_and_bad_steps():
+    """The outcome's AUROC against the labels is 1/2 + (P(won | good) − P(won | bad)) / 2, and
+    the per-rule counts are the steps and their won ones; labels drawn independently of the
+    outcome give a gap near zero."""
+    rng = np.random.default_rng(0)
+    rule = rng.choice(["closer", "unchanged", "invalid", "farther"], size=400)
+    label = np.where(np.isin(rule, ["closer", "unchanged"]), 1, -1)
+    outcome = np.where(rng.random(400) < np.where(rule == "closer", 0.9, 0.2), 1, -1)
+    r = consistency_target(outcome, label, rule)
+    assert r["auroc"] == pytest.approx(0.5 + (r["won_good"] - r["won_bad"]) / 2)
+    assert r["auroc_low"] < r["auroc"] < r["auroc_high"]
+    for name, (won, n) in r["by_rule"].items():
+        assert (won, n) == ((outcome[rule == name] > 0).sum(), (rule == name).sum())
+    blind = consistency_target(rng.choice([-1, 1], size=400), label, rule)
+    assert abs(blind["auroc"] - 0.5) < 0.07 and blind["auroc_low"] < 0.5 < blind["auroc_high"]

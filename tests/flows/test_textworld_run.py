@@ -141,6 +141,16 @@ def test_eval_measures_the_rm_against_the_step_labels_with_the_last_steps_apart(
     assert result["metrics"]["eval/in_domain/rm_process_accuracy"] == pytest.approx(expected)
     assert sum(n for _, n in row["rm_verdict_shares"].values()) == 2 * judgments.parsed.sum()  # by outcome, by rule
     assert "## Reward model against the step labels" in (out / "summary.md").read_text()
+    # benchmarks/rm_reward_target.py reads the same steps before the last from this folder
+    import re
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "benchmarks/rm_reward_target.py", str(out)], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(re.search(r"(\d+) labelled steps before the last", done.stdout).group(1)) == len(early)
 
 
 def test_judging_only_trainable_tasks_skips_an_iteration_where_every_task_left_the_band(prefect_server, tmp_path):
@@ -159,3 +169,33 @@ def test_judging_only_trainable_tasks_skips_an_iteration_where_every_task_left_t
     assert read_table(layout.artifact(0, "advantages"), schemas.ADVANTAGES).empty
     metrics = json.loads((layout.run_dir / "iter_0000" / "summary.json").read_text())
     assert metrics["rm/trajectories_unjudged"] == 4
+
+
+def test_the_reward_target_benchmark_reads_the_runs_labelled_steps(run):
+    """benchmarks/rm_reward_target.py on the run: per rule, the steps before each episode's last
+    and their share in won episodes, as counted here from the run's own artifacts."""
+    import re
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    layout = RunLayout(Path(run["run_dir"]))
+    frames = []
+    for iteration in (0, 1):
+        outcomes = read_table(layout.artifact(iteration, "outcomes"), schemas.OUTCOMES)
+        labels = read_table(layout.artifact(iteration, "step_labels"), schemas.STEP_LABELS)
+        merged = labels.merge(outcomes[outcomes.valid][["traj_id", "outcome", "num_steps"]], on="traj_id")
+        frames.append(merged[merged.step_idx < merged.num_steps - 1])
+    before = pd.concat(frames)
+    assert len(before) > 0
+    command = [sys.executable, "benchmarks/rm_reward_target.py", run["run_dir"]]
+    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    every = out.stdout.split("mixed tasks only")[0]
+    assert int(re.search(r"(\d+) labelled steps before the last", every).group(1)) == len(before)
+    rows = re.findall(r"^  (\w+) +([+-]1) +(\d+) +([\d.]+)% \[", every, re.M)
+    expected = before.groupby("rule").outcome.agg(lambda o: 100 * (o > 0).mean())
+    assert {r: int(n) for r, _, n, _ in rows} == before.rule.value_counts().to_dict()
+    assert {r: float(s) for r, _, _, s in rows} == pytest.approx(expected.round(1).to_dict(), abs=0.051)
+    assert "AUROC of the episode's outcome for the label" in every

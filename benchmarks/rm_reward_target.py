@@ -1,0 +1,107 @@
+"""What the paper's RM reward asks the step judge for, read from a run's labelled steps.
+
+    python benchmarks/rm_reward_target.py RUN_DIR [--iterations 0-29]
+    python benchmarks/rm_reward_target.py RUN_DIR/eval/NAME   # an evaluation's greedy episodes
+
+With λ = 0 a judgment earns O·S_j: every step is pushed towards its episode's outcome, so a
+class of steps the judge cannot tell apart is pushed towards +1 in proportion to 2·P(won) − 1
+(`algo.rm_accuracy.consistency_target`). For the labelled steps before each episode's last (the
+headline of the RM's process measures; last steps apart) this prints, per rule of the
+environment's labels, how many steps there are, the share of them in won episodes with its 95%
+interval and the push that share gives; and the AUROC of the episode's outcome against the labels
+with its interval: what a judge that gave every step its episode's outcome, the verdict the
+reward pays for, would score. Near 0.5 the reward teaches nothing that tells a good step from a
+bad one. A training run is read twice: every task, and the mixed tasks only (won and lost in the
+same iteration, the ones the RM trains on when its band excludes 0 and 1). Needs an environment
+with step labels (TextWorld). No model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from rlanything.algo.metrics import wilson_interval
+from rlanything.algo.rm_accuracy import consistency_target
+from rlanything.storage.artifacts import read_artifact
+from rlanything.storage.layout import RunLayout
+from rlanything.storage.parquet import read_table
+from rlanything.storage.schemas import EVAL_EPISODES, EVAL_STEP_LABELS
+
+
+def training_steps(run_dir: Path, iterations: range | None) -> pd.DataFrame:
+    """Labelled steps of a run's training rollouts: outcome, label, rule, last, mixed, iteration."""
+    layout, frames = RunLayout(run_dir), []
+    done = sorted(int(p.name.split("_")[1]) for p in run_dir.glob("iter_*") if (p / "step_labels.parquet").exists())
+    for it in [i for i in done if iterations is None or i in iterations]:
+        outcomes = read_artifact(layout, it, "outcomes")
+        outcomes = outcomes[outcomes["valid"]]
+        won = outcomes.groupby("task_id")["outcome"].agg(lambda o: (o > 0).mean())
+        labels = read_artifact(layout, it, "step_labels").merge(
+            outcomes[["traj_id", "outcome", "num_steps"]], on="traj_id"
+        )
+        labels["last"] = labels["step_idx"] == labels["num_steps"] - 1
+        labels["mixed"] = labels["task_id"].map(won).between(0, 1, inclusive="neither")
+        frames.append(labels.assign(iteration=it))
+    if not frames:
+        sys.exit(f"{run_dir}: no iteration with step labels")
+    return pd.concat(frames, ignore_index=True)
+
+
+def eval_steps(eval_dir: Path) -> pd.DataFrame:
+    """Labelled steps of an evaluation's episodes (one greedy episode per problem)."""
+    episodes = read_table(eval_dir / "episodes.parquet", EVAL_EPISODES)
+    episodes = episodes[episodes["valid"]]
+    labels = read_table(eval_dir / "step_labels.parquet", EVAL_STEP_LABELS)
+    return labels.merge(episodes[["split", "problem_idx", "outcome"]], on=["split", "problem_idx"])
+
+
+def report(name: str, steps: pd.DataFrame) -> None:
+    before = steps[~steps["last"]]
+    won = int((steps.drop_duplicates(["traj_key"])["outcome"] > 0).sum())
+    episodes = steps["traj_key"].nunique()
+    print(f"\n{name}: {episodes} episodes ({won} won), {len(before)} labelled steps before the last")
+    if before.empty:
+        return
+    r = consistency_target(before["outcome"].to_numpy(), before["label"].to_numpy(), before["rule"].to_numpy())
+    labels = before.groupby("rule")["label"].first()
+    print("  rule        label  steps  in won episodes [95% CI]   push towards +1 (2p - 1)")
+    for rule, (won, n) in r["by_rule"].items():
+        low, high = wilson_interval(won, n)
+        print(
+            f"  {rule:<11} {int(labels[rule]):+d}   {n:>6}  {won / n:6.1%} [{low:.1%}, {high:.1%}]   {2 * won / n - 1:+.2f}"
+        )
+    print(f"  in won episodes: good steps {r['won_good']:.1%}, bad steps {r['won_bad']:.1%}")
+    print(
+        f"  AUROC of the episode's outcome for the label: {r['auroc']:.3f} [{r['auroc_low']:.3f}, {r['auroc_high']:.3f}]"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", type=Path, help="a run folder, or an evaluation folder (episodes.parquet)")
+    ap.add_argument("--iterations", help="a training run's iterations, 'A-B' (both included); default all")
+    args = ap.parse_args()
+    print("== rm_reward_target: what the RM reward pushes each kind of step towards (no model loaded)")
+    if (args.path / "episodes.parquet").exists():
+        steps = eval_steps(args.path)
+        steps["traj_key"] = steps["split"] + ":" + steps["problem_idx"].astype(str)
+        for split, part in steps.groupby("split"):
+            report(f"{args.path} ({split})", part)
+        return
+    span = None
+    if args.iterations:
+        first, last = (int(x) for x in args.iterations.split("-"))
+        span = range(first, last + 1)
+    steps = training_steps(args.path, span)
+    steps["traj_key"] = steps["iteration"].astype(str) + ":" + steps["traj_id"].astype(str)
+    its = f"iterations {steps['iteration'].min()}-{steps['iteration'].max()}"
+    report(f"{args.path}, {its}, every task", steps)
+    report(f"{args.path}, {its}, mixed tasks only", steps[steps["mixed"]])
+
+
+if __name__ == "__main__":
+    main()
