@@ -7,7 +7,7 @@ With λ = 0 a judgment earns O·S_j: every step is pushed towards its episode's 
 class of steps the judge cannot tell apart is pushed towards +1 in proportion to 2·P(won) − 1
 (`algo.rm_accuracy.consistency_target`). For the labelled steps before each episode's last (the
 headline of the RM's process measures; last steps apart) this prints, per rule of the
-environment's labels, how many steps there are, the share of them in won episodes with its 95%
+environment's labels (replayed here where the evaluation did not judge), how many steps there are, the share of them in won episodes with its 95%
 interval and the push that share gives; and the AUROC of the episode's outcome against the labels
 with its interval: what a judge that gave every step its episode's outcome, the verdict the
 reward pays for, would score. Near 0.5 the reward teaches nothing that tells a good step from a
@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
 
+from rlanything.agent.eval_judge import held_out_labels
 from rlanything.algo.metrics import wilson_interval
-from rlanything.algo.rm_accuracy import consistency_target
+from rlanything.algo.rm_accuracy import consistency_target, rule_order_auroc
+from rlanything.config import load_config
 from rlanything.storage.artifacts import read_artifact
 from rlanything.storage.layout import RunLayout
 from rlanything.storage.parquet import read_table
@@ -55,17 +58,26 @@ def eval_steps(eval_dir: Path) -> pd.DataFrame:
     """Labelled steps of an evaluation's episodes (one greedy episode per problem)."""
     episodes = read_table(eval_dir / "episodes.parquet", EVAL_EPISODES)
     episodes = episodes[episodes["valid"]]
-    labels = read_table(eval_dir / "step_labels.parquet", EVAL_STEP_LABELS)
+    path = eval_dir / "step_labels.parquet"  # written where the RM judged (eval.rm)
+    if not path.exists():  # else label the episodes here, replaying them, into a scratch folder
+        config = load_config(eval_dir.parents[1] / "config.yaml")  # runs/NAME/eval/WHICH
+        path = Path(tempfile.mkdtemp()) / "step_labels.parquet"
+        for split, part in episodes.groupby("split"):
+            if held_out_labels(config.env, part, split, path.with_name(f"{split}.parquet")) is None:
+                sys.exit(f"{config.env.kind} labels no step")
+        frames = [read_table(p, EVAL_STEP_LABELS) for p in sorted(path.parent.glob("*.parquet"))]
+        return pd.concat(frames).merge(episodes[["split", "problem_idx", "outcome"]], on=["split", "problem_idx"])
+    labels = read_table(path, EVAL_STEP_LABELS)
     return labels.merge(episodes[["split", "problem_idx", "outcome"]], on=["split", "problem_idx"])
 
 
-def report(name: str, steps: pd.DataFrame) -> None:
+def report(name: str, steps: pd.DataFrame) -> dict | None:
     before = steps[~steps["last"]]
     won = int((steps.drop_duplicates(["traj_key"])["outcome"] > 0).sum())
     episodes = steps["traj_key"].nunique()
     print(f"\n{name}: {episodes} episodes ({won} won), {len(before)} labelled steps before the last")
     if before.empty:
-        return
+        return None
     r = consistency_target(before["outcome"].to_numpy(), before["label"].to_numpy(), before["rule"].to_numpy())
     labels = before.groupby("rule")["label"].first()
     print("  rule        label  steps  in won episodes [95% CI]   push towards +1 (2p - 1)")
@@ -75,15 +87,33 @@ def report(name: str, steps: pd.DataFrame) -> None:
             f"  {rule:<11} {int(labels[rule]):+d}   {n:>6}  {won / n:6.1%} [{low:.1%}, {high:.1%}]   {2 * won / n - 1:+.2f}"
         )
     print(f"  in won episodes: good steps {r['won_good']:.1%}, bad steps {r['won_bad']:.1%}")
-    print(
-        f"  AUROC of the episode's outcome for the label: {r['auroc']:.3f} [{r['auroc_low']:.3f}, {r['auroc_high']:.3f}]"
-    )
+    print(f"  AUROC of the episode's outcome for the label: {_auroc(r)}")
+    order = rule_order_auroc(r["by_rule"], before["label"].to_numpy(), before["rule"].to_numpy())
+    print(f"  AUROC of the rule's share in won episodes for the label: {_auroc(order)}")
+    return r["by_rule"]
+
+
+def _auroc(r: dict) -> str:
+    return f"{r['auroc']:.3f} [{r['auroc_low']:.3f}, {r['auroc_high']:.3f}]"
+
+
+def heldout(eval_dir: Path, shares: dict[str, dict]) -> None:
+    """The held-out steps before the last, each scored by its rule's share in a training set."""
+    steps = eval_steps(eval_dir)
+    for split, part in steps.groupby("split"):
+        before = part[~part["last"]]
+        print(f"\nheld out, {eval_dir} ({split}): {len(before)} labelled steps before the last")
+        for name, by_rule in shares.items():
+            r = rule_order_auroc(by_rule, before["label"].to_numpy(), before["rule"].to_numpy())
+            unseen = f" ({r['unknown']} steps of a rule the run never met)" if r["unknown"] else ""
+            print(f"  scored by the shares of the run's {name}: AUROC {_auroc(r)}{unseen}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("path", type=Path, help="a run folder, or an evaluation folder (episodes.parquet)")
     ap.add_argument("--iterations", help="a training run's iterations, 'A-B' (both included); default all")
+    ap.add_argument("--heldout", type=Path, help="an evaluation folder whose steps the run's shares score")
     args = ap.parse_args()
     print("== rm_reward_target: what the RM reward pushes each kind of step towards (no model loaded)")
     if (args.path / "episodes.parquet").exists():
@@ -99,8 +129,10 @@ def main() -> None:
     steps = training_steps(args.path, span)
     steps["traj_key"] = steps["iteration"].astype(str) + ":" + steps["traj_id"].astype(str)
     its = f"iterations {steps['iteration'].min()}-{steps['iteration'].max()}"
-    report(f"{args.path}, {its}, every task", steps)
-    report(f"{args.path}, {its}, mixed tasks only", steps[steps["mixed"]])
+    shares = {"every task": report(f"{args.path}, {its}, every task", steps)}
+    shares["mixed tasks"] = report(f"{args.path}, {its}, mixed tasks only", steps[steps["mixed"]])
+    if args.heldout:
+        heldout(args.heldout, {k: v for k, v in shares.items() if v})
 
 
 if __name__ == "__main__":

@@ -319,6 +319,67 @@ def consistency_target(outcome: np.ndarray, label: np.ndarray, rule: np.ndarray)
     }
 
 
+def rule_order_auroc(
+    by_rule: dict, label: np.ndarray, rule: np.ndarray, *, resamples: int = 2000, seed: int = 0
+) -> dict:
+    """The AUROC against the labels of a judge that ranks each step by its rule's share of steps
+    in won episodes: `by_rule` as `consistency_target` gives it, possibly from other episodes (a
+    run's training rollouts, then scored on held-out steps). -> {"auroc", "auroc_low",
+    "auroc_high", "unknown"}: a step whose rule `by_rule` lacks scores the overall share
+    ("unknown" counts them). The 95% interval redraws both what is uncertain: each rule's share
+    (its won count binomial around the measured share) and the scored steps (multinomial over
+    their (rule, label) counts); NaN where either label has fewer than `MIN_CLASS` steps.
+
+    Summed over a rule's steps the reward pushes the verdict towards +1 in proportion to
+    2·P(won | rule) − 1 (`consistency_target`). A judge that learns to tell the rules apart and
+    follows those pushes orders the rules by that share; with `algo.rm_balance` its verdicts
+    settle at +1 for the rules whose share lies above the judged steps' overall share, without it
+    above one half. So this AUROC is the most the reward can teach a judge that tells the rules
+    apart; where two rules' shares are close the interval says the order is uncertain.
+    Distinctions within a rule are not measured.
+
+    Worked example: shares closer 2/2, unchanged 1/2, invalid 1/3 (`consistency_target`'s);
+    good steps of rules unchanged and closer, two bad invalid ones: every good step above every
+    bad one -> 1.0. Two rules with the same share tie -> 0.5.
+
+    >>> shares = {"closer": (2, 2), "invalid": (1, 3), "unchanged": (1, 2)}
+    >>> rule_order_auroc(shares, np.array([1, 1, -1, -1]), np.array(["unchanged", "closer", "invalid", "invalid"]))["auroc"]
+    1.0
+    >>> rule_order_auroc({"a": (1, 2), "b": (2, 4)}, np.array([1, -1]), np.array(["a", "b"]))["auroc"]
+    0.5
+    """
+    good, rule = np.asarray(label) > 0, np.asarray(rule)
+    names = sorted(by_rule)
+    won = np.array([by_rule[n][0] for n in names], dtype=float)
+    seen = np.array([by_rule[n][1] for n in names], dtype=float)
+    overall = won.sum() / max(1.0, seen.sum())
+    cells = sorted(set(zip(rule.tolist(), good.tolist())))  # (rule, good) with their step counts
+    counts = np.array([np.sum((rule == r) & (good == g)) for r, g in cells], dtype=float)
+    where = np.array([names.index(r) if r in by_rule else -1 for r, _ in cells])
+    cell_good = np.array([g for _, g in cells], dtype=bool)
+
+    def ranked(shares: np.ndarray, n: np.ndarray) -> float:
+        score = np.where(where >= 0, shares[np.maximum(where, 0)], overall)
+        pos, neg = n * cell_good, n * ~cell_good
+        if not pos.sum() or not neg.sum():
+            return math.nan
+        order = np.sign(score[:, None] - score[None, :])  # +1 where a cell outranks another
+        pairs = pos[:, None] * neg[None, :]
+        return float((pairs * (order > 0) + 0.5 * pairs * (order == 0)).sum() / (pos.sum() * neg.sum()))
+
+    shares = np.divide(won, seen, out=np.full_like(won, overall), where=seen > 0)
+    point, low, high = ranked(shares, counts), math.nan, math.nan
+    if min(counts[cell_good].sum(), counts[~cell_good].sum()) >= MIN_CLASS:
+        rng = np.random.default_rng(seed)
+        draws = []
+        for _ in range(resamples):
+            drawn = np.divide(rng.binomial(seen.astype(int), shares), seen, out=shares.copy(), where=seen > 0)
+            draws.append(ranked(drawn, rng.multinomial(int(counts.sum()), counts / counts.sum()).astype(float)))
+        low, high = (float(x) for x in np.nanpercentile(draws, [2.5, 97.5]))
+    unknown = int(counts[where < 0].sum())
+    return {"auroc": point, "auroc_low": low, "auroc_high": high, "unknown": unknown}
+
+
 @dataclass(frozen=True)
 class GuardDecision:
     alarm: bool

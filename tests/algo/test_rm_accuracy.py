@@ -15,6 +15,7 @@ from rlanything.algo.rm_accuracy import (
     guard,
     outcome_prediction,
     process_accuracy,
+    rule_order_auroc,
 )
 
 LIMITS = dict(max_score_gap=1.0, min_outcome_accuracy=0.5, min_outcome_auroc=0.6, min_trajectories=4)
@@ -251,3 +252,23 @@ def test_consistency_target_is_the_outcome_gap_between_good_and_bad_steps():
         assert (won, n) == ((outcome[rule == name] > 0).sum(), (rule == name).sum())
     blind = consistency_target(rng.choice([-1, 1], size=400), label, rule)
     assert abs(blind["auroc"] - 0.5) < 0.07 and blind["auroc_low"] < 0.5 < blind["auroc_high"]
+
+
+def test_rule_order_auroc_counts_pairs_by_rule_and_widens_with_few_steps_per_rule():
+    """Hand-counted: shares closer 0.9 > unchanged 0.5 = farther 0.5 > invalid 0.1; good steps 3
+    closer and 1 unchanged, bad 2 farther and 2 invalid. Of the 16 (good, bad) pairs, closer wins
+    all 12, unchanged beats the 2 invalid and ties the 2 farther -> (12 + 2 + 1) / 16. A rule the
+    shares lack scores the overall share. The interval holds the point and narrows as every
+    rule's share rests on more steps."""
+    rule = np.array(["closer"] * 3 + ["unchanged", "farther", "farther", "invalid", "invalid"])
+    label = np.array([1, 1, 1, 1, -1, -1, -1, -1])
+    few = {"closer": (9, 10), "unchanged": (5, 10), "farther": (5, 10), "invalid": (1, 10)}
+    assert rule_order_auroc(few, label, rule)["auroc"] == pytest.approx(15 / 16)
+    assert math.isnan(rule_order_auroc(few, label, rule)["auroc_low"])  # fewer than MIN_CLASS per label
+    many_rule, many_label = np.repeat(rule, 10), np.repeat(label, 10)
+    wide = rule_order_auroc(few, many_label, many_rule)
+    narrow = rule_order_auroc({k: (100 * w, 100 * n) for k, (w, n) in few.items()}, many_label, many_rule)
+    assert wide["auroc_low"] <= 15 / 16 <= wide["auroc_high"]
+    assert narrow["auroc_high"] - narrow["auroc_low"] < wide["auroc_high"] - wide["auroc_low"]
+    unseen = rule_order_auroc({"closer": (1, 1), "invalid": (0, 1)}, np.array([1, -1]), np.array(["look", "invalid"]))
+    assert unseen["unknown"] == 1 and unseen["auroc"] == 1.0  # "look" scores the overall 1/2 > 0

@@ -199,3 +199,4 @@ def test_the_reward_target_benchmark_reads_the_runs_labelled_steps(run):
     assert {r: int(n) for r, _, n, _ in rows} == before.rule.value_counts().to_dict()
     assert {r: float(s) for r, _, _, s in rows} == pytest.approx(expected.round(1).to_dict(), abs=0.051)
     assert "AUROC of the episode's outcome for the label" in every
+    assert "AUROC of the rule's share in won episodes for the label" in every
