@@ -59,16 +59,21 @@ def eval_steps(eval_dir: Path) -> pd.DataFrame:
     episodes = read_table(eval_dir / "episodes.parquet", EVAL_EPISODES)
     episodes = episodes[episodes["valid"]]
     path = eval_dir / "step_labels.parquet"  # written where the RM judged (eval.rm)
-    if not path.exists():  # else label the episodes here, replaying them, into a scratch folder
-        config = load_config(eval_dir.parents[1] / "config.yaml")  # runs/NAME/eval/WHICH
-        path = Path(tempfile.mkdtemp()) / "step_labels.parquet"
-        for split, part in episodes.groupby("split"):
-            if held_out_labels(config.env, part, split, path.with_name(f"{split}.parquet")) is None:
-                sys.exit(f"{config.env.kind} labels no step")
-        frames = [read_table(p, EVAL_STEP_LABELS) for p in sorted(path.parent.glob("*.parquet"))]
-        return pd.concat(frames).merge(episodes[["split", "problem_idx", "outcome"]], on=["split", "problem_idx"])
-    labels = read_table(path, EVAL_STEP_LABELS)
+    labels = read_table(path, EVAL_STEP_LABELS) if path.exists() else replayed_labels(eval_dir, episodes)
     return labels.merge(episodes[["split", "problem_idx", "outcome"]], on=["split", "problem_idx"])
+
+
+def replayed_labels(eval_dir: Path, episodes: pd.DataFrame) -> pd.DataFrame:
+    """The environment's labels of the episodes' steps, replayed as the evaluation would have."""
+    config = load_config(eval_dir.parents[1] / "config.yaml")  # runs/NAME/eval/WHICH
+    frames = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for split, part in episodes.groupby("split"):
+            path = held_out_labels(config.env, part, split, Path(scratch) / f"{split}.parquet")
+            if path is None:
+                sys.exit(f"{config.env.kind} labels no step")
+            frames.append(read_table(path, EVAL_STEP_LABELS))
+    return pd.concat(frames, ignore_index=True)
 
 
 def report(name: str, steps: pd.DataFrame) -> dict | None:

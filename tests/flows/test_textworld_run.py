@@ -151,6 +151,17 @@ def test_eval_measures_the_rm_against_the_step_labels_with_the_last_steps_apart(
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(re.search(r"(\d+) labelled steps before the last", done.stdout).group(1)) == len(early)
+    # ... and, where an evaluation did not judge (no step_labels.parquet), replays the same labels
+    import shutil
+
+    bare = out.parent / "unjudged"
+    bare.mkdir()
+    shutil.copy(out / "episodes.parquet", bare / "episodes.parquet")
+    again = subprocess.run(
+        [sys.executable, "benchmarks/rm_reward_target.py", str(bare)], cwd=REPO, capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.split("\n", 2)[2] == done.stdout.split("\n", 2)[2].replace(str(out), str(bare))
 
 
 def test_judging_only_trainable_tasks_skips_an_iteration_where_every_task_left_the_band(prefect_server, tmp_path):
