@@ -141,6 +141,12 @@ class OptimConfig(_Section):
     master weights and fp32 AdamW state (checkpoints stay fp32); `fp32`: all fp32; `auto`: bf16
     where the hardware has bf16 matrix units (CPU amx_bf16 or avx512_bf16, a bf16-capable GPU),
     else fp32 (models/precision.py). Resolved once per run, kept in its precision.json."""
+    anchor_beta: float = Field(0.0, ge=0)
+    """Weight of a k3 KL penalty towards the run's starting weights (this section's `model`), on
+    top of the paper's KL towards the pre-update weights (`algo.kl_beta`), which a single pass
+    leaves at ~0 and which never sees the drift summed over iterations. Each update then runs
+    one more forward (the start's log-probs, no gradient). 0: off (the paper; our departure,
+    GRPO's reference-model KL: docs/method.md)."""
     frozen: bool = False
     """Skip the update: the step trains on no sample and writes the unchanged weights as the
     iteration's checkpoint (the learning test's control run, e.g. `rm.optim.frozen: true`)."""

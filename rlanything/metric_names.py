@@ -33,7 +33,8 @@ UPDATE_KINDS = ("policy", "rm")
 STEP_MEASURES = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm")
 """Measured at every optimizer step (columns of <kind>_update.parquet); an iteration's metric is
 their sample-weighted mean."""
-UPDATE_MEASURES = (*STEP_MEASURES, "lr_last", "samples", "optimizer_steps")
+UPDATE_MEASURES = (*STEP_MEASURES, "anchor_kl", "lr_last", "samples", "optimizer_steps")
+"""... plus anchor_kl, the same mean where the update has an anchor KL (optim.anchor_beta)."""
 
 
 def update_metric(kind: str, measure: str) -> str:

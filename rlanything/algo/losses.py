@@ -11,6 +11,10 @@ Where we depart from the paper / authors' code, and why:
 * The KL reference is ``old_logprobs`` (the model that generated the samples), as the
   method says: k3(pi_theta || pi_old). With one pass over the samples it is ~0 at the
   first step and only restrains drift within an iteration.
+* Optional, off by default (our departure): a second k3 term against ``anchor_logprobs``,
+  the run's *starting* weights (GRPO's reference-model KL), weighted by ``anchor_beta``
+  (``optim.anchor_beta``). It restrains the drift summed over iterations, which the
+  paper's term never sees.
 * The log-ratio is clamped to [-20, 20] before ``exp`` (as verl does), in the ratio and
   in the k3 term, so one token whose log-prob moved very far cannot make the ratio, the
   loss or the gradient inf/NaN (the paper exponentiates unclamped). The
@@ -84,6 +88,21 @@ def masked_sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tens
     return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1)
 
 
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi_theta || pi_ref): exp(d) - d - 1 with d = ref - logprobs,
+    0 outside the mask, d clamped to [-20, 20] first (exp(+big) would be inf).
+
+    logprobs, ref_logprobs (B, T), response_mask (B, T) -> (B, T), >= 0.
+
+    >>> k3_kl(torch.tensor([[0.0, -1.0]]), torch.tensor([[-1.0, -1.0]]), torch.ones(1, 2))
+    tensor([[0.3679, 0.0000]])
+    """
+    mask = response_mask.bool()
+    diff = torch.where(mask, ref_logprobs - logprobs, torch.zeros_like(logprobs))
+    diff = torch.clamp(diff, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return torch.exp(diff) - diff - 1.0
+
+
 def ppo_clip_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -92,20 +111,32 @@ def ppo_clip_loss(
     clip_eps: float = 0.2,
     kl_beta: float = 0.01,
     is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+    anchor_logprobs: torch.Tensor | None = None,
+    anchor_beta: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float | None]]:
     """PPO-clip loss with a k3 KL penalty, reduced by ``masked_sequence_mean``.
 
     logprobs (B, T) with grad, old_logprobs (B, T), advantages (B,) (one per sample,
     applied to all its response tokens), response_mask (B, T), optional is_weights (B, T)
     (detached per-token weights of the clipped term: truncated importance sampling,
-    `algo.mismatch.tis_weights`) -> (loss scalar, stats). stats holds python floats:
-    "loss", "pg_loss", "kl" (same reduction as the loss; loss = pg_loss + kl_beta * kl),
-    "clip_frac", "ratio_mean" (means over all masked tokens).
+    `algo.mismatch.tis_weights`), optional anchor_logprobs (B, T) (the starting weights')
+    -> (loss scalar, stats). stats holds python floats: "loss", "pg_loss", "kl" (same
+    reduction as the loss; loss = pg_loss + kl_beta * kl + anchor_beta * anchor_kl),
+    "anchor_kl" (None without anchor_logprobs), "clip_frac", "ratio_mean" (means over all
+    masked tokens).
 
     >>> lp = torch.log(torch.tensor([[0.5, 0.5]]))
     >>> loss, stats = ppo_clip_loss(lp, lp, torch.tensor([2.0]), torch.ones(1, 2))
     >>> loss, stats["kl"], stats["ratio_mean"]
     (tensor(-2.), 0.0, 1.0)
+
+    With an anchor one nat below on the first token (k3 = e^-1 - (-1) - 1 = 0.3679, sequence
+    mean 0.1839) and anchor_beta 1: loss = -2 + 0.1839.
+
+    >>> loss, stats = ppo_clip_loss(lp, lp, torch.tensor([2.0]), torch.ones(1, 2),
+    ...                             anchor_logprobs=lp - torch.tensor([[1.0, 0.0]]), anchor_beta=1.0)
+    >>> loss, round(stats["anchor_kl"], 4)
+    (tensor(-1.8161), 0.1839)
     """
     mask = response_mask.bool()
     zero = torch.zeros_like(logprobs)
@@ -118,13 +149,15 @@ def ppo_clip_loss(
     if is_weights is not None:
         pg = pg * is_weights.to(pg.dtype)
 
-    ref_diff = torch.where(mask, old_logprobs - logprobs, zero)  # (B, T): the reference is the pre-update model
-    ref_diff = torch.clamp(ref_diff, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # exp(+big) would be inf
-    kl = torch.exp(ref_diff) - ref_diff - 1.0
+    kl = k3_kl(logprobs, old_logprobs, mask)  # (B, T): the reference is the pre-update model
 
     pg_loss = masked_sequence_mean(pg, mask)
     kl_mean = masked_sequence_mean(kl, mask)
     loss = pg_loss + kl_beta * kl_mean
+    anchor_kl = None
+    if anchor_logprobs is not None:
+        anchor_kl = masked_sequence_mean(k3_kl(logprobs, anchor_logprobs, mask), mask)
+        loss = loss + anchor_beta * anchor_kl
 
     with torch.no_grad():
         n_tokens = mask.sum().clamp(min=1)
@@ -134,6 +167,7 @@ def ppo_clip_loss(
         "loss": float(loss.detach()),
         "pg_loss": float(pg_loss.detach()),
         "kl": float(kl_mean.detach()),
+        "anchor_kl": None if anchor_kl is None else float(anchor_kl.detach()),
         "clip_frac": float(clip_frac),
         "ratio_mean": float(ratio_mean),
     }

@@ -44,11 +44,18 @@ import torch
 
 from rlanything import procs
 from rlanything.algo.schedule import learning_rate
-from rlanything.models.loading import ADAPTER_DIR, resolve_device
+from rlanything.models.loading import ADAPTER_DIR, load_model, resolve_device
 from rlanything.models.lora import load_for_training
 from rlanything.models.precision import ACCELERATE_PRECISION
 from rlanything.models.saving import OPTIMIZER_STATE, save_checkpoint
-from rlanything.models.trainer import Sample, TorchBackend, make_optimizer, ppo_update
+from rlanything.models.trainer import (
+    Sample,
+    TorchBackend,
+    autocast_for,
+    make_optimizer,
+    ppo_update,
+    with_anchor_logprobs,
+)
 
 DEEPSPEED_STATE = "deepspeed_state"
 
@@ -78,6 +85,8 @@ class UpdateJob:
     device: str = "auto"  # backend torch: where the model trains (config `device`)
     recompute_old: bool = False  # the trainer's own pre-update log-probs (algo.old_logprobs)
     tis_cap: float | None = None  # truncated importance sampling against the sampler (algo.tis_cap)
+    anchor: str | None = None  # the run's starting weights, for the anchor KL (optim.anchor_beta)
+    anchor_beta: float = 0.0
     extra: dict = field(default_factory=dict)  # free-form notes (kind, iteration) for logs
 
 
@@ -122,6 +131,19 @@ def _rank_world() -> tuple[int, int]:
 def _barrier() -> None:
     if _rank_world()[1] > 1:
         torch.distributed.barrier()
+
+
+def _anchored(job: UpdateJob, samples: list[Sample], pad_id: int, device: str) -> list[Sample]:
+    """`samples` with the anchor's log-probs where the job has an anchor KL, else as they are.
+    The anchor (the run's starting weights, full, no adapter) is loaded for this and dropped."""
+    if not job.anchor_beta or not samples:
+        return samples
+    anchor = load_model(Path(job.anchor), "float32", device)
+    try:
+        autocast = autocast_for(anchor, job.precision)
+        return with_anchor_logprobs(anchor, samples, pad_id, job.temperature, job.micro_batch_size, autocast)
+    finally:
+        del anchor
 
 
 def _lora(job: UpdateJob):
@@ -177,8 +199,10 @@ def run_update(
         precision=job.precision,
         recompute_old=job.recompute_old,
         tis_cap=job.tis_cap,
+        anchor_beta=job.anchor_beta,
     )
     if backend == "torch":
+        samples = _anchored(job, samples, tokenizer.pad_token_id, resolve_device(job.device))
         history = ppo_update(model, optimizer, samples, backend=TorchBackend(), **kwargs)
         _save(model.cpu(), tokenizer, optimizer, job)
         return history
@@ -219,6 +243,7 @@ def _accelerate_update(job, model, tokenizer, optimizer, samples, kwargs) -> lis
         ds_config["train_micro_batch_size_per_gpu"] = job.micro_batch_size
         ds_config["gradient_accumulation_steps"] = 1
         ds_config["train_batch_size"] = job.micro_batch_size * world
+    samples = _anchored(job, samples, tokenizer.pad_token_id, str(accelerator.device))
     model, optimizer = accelerator.prepare(model, optimizer)
     state = Path(job.start) / DEEPSPEED_STATE
     if deepspeed and (state / f"world_{world}").exists():  # ZeRO shards match only the same world

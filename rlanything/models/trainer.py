@@ -12,7 +12,9 @@ the update's precision (`algo.old_logprobs`: a sampler in bf16 gives each token 
 little off the trainer's). Then the sampler's stay beside them: each step measures the gap
 (`algo.mismatch.mismatch_measures`) and, with `tis_cap`, weighs each token's PPO term by the
 truncated ratio (`algo.mismatch.tis_weights`). `precision` bf16 runs forward and backward under
-bf16 autocast; the weights and AdamW stay fp32. The paper takes one pass; more
+bf16 autocast; the weights and AdamW stay fp32. With `anchor_beta` each sample also carries the
+run's starting weights' log-probs (`with_anchor_logprobs`) and the loss adds a k3 KL towards
+them (our departure, `optim.anchor_beta`). The paper takes one pass; more
 (`optim.epochs`) reuse each generated token, the clip keeping later passes near the sampler.
 
 Where the arithmetic runs is a small seam, `TrainBackend`: `TorchBackend` (one process, plain
@@ -49,6 +51,8 @@ class Sample:
     # (response_len,): which response tokens the loss reads; None: all. False marks a token the
     # model did not choose (the constrained verdict's forced ones, `judge.chosen_tokens`).
     trained: list[bool] | None = None
+    # (response_len,): the run's starting weights' log-probs, read by the anchor KL (optim.anchor_beta)
+    anchor_logprobs: list[float] | None = None
 
     def __post_init__(self):
         if self.trained is not None and (len(self.trained) != self.response_len or not any(self.trained)):
@@ -136,13 +140,16 @@ def ppo_update(
     precision: str = "fp32",
     recompute_old: bool = False,
     tis_cap: float | None = None,
+    anchor_beta: float = 0.0,
 ) -> list[dict]:
     """`epochs` passes over `samples`, each reshuffled (seeded) into min(updates, len(samples))
     mini-batches of one optimizer step each. `lr_at(k)` sets the lr of this call's k-th step
     (0-based; None keeps the optimizer's). `precision` fp32 or bf16 (autocast); `recompute_old`:
     the trainer's own old log-probs (module docstring); `tis_cap`: truncated importance sampling
-    against the sampler (needs `recompute_old`). -> one stats dict per optimizer step (update_idx,
-    epoch, num_samples, num_tokens, loss, pg_loss, kl, clip_frac, entropy, grad_norm, lr, and the
+    against the sampler (needs `recompute_old`); `anchor_beta`: the weight of the KL against the
+    samples' anchor_logprobs (`with_anchor_logprobs`). -> one stats dict per optimizer step
+    (update_idx, epoch, num_samples, num_tokens, loss, pg_loss, kl, anchor_kl (None without an
+    anchor), clip_frac, entropy, grad_norm, lr, and the
     sampler/trainer gap over the step's samples, None without `recompute_old`: mismatch_abs_mean,
     mismatch_abs_max, mismatch_outside_cap), identical on every process. No samples -> no
     step, empty list.
@@ -154,10 +161,17 @@ def ppo_update(
     if not samples:
         return []
     backend = backend or TorchBackend()
-    autocast = _autocast(model, precision)
+    autocast = autocast_for(model, precision)
     if recompute_old:
         samples = with_trainer_logprobs(model, samples, pad_id, temperature, micro_batch_size, autocast)
-    loss_args = dict(pad_id=pad_id, temperature=temperature, clip_eps=clip_eps, kl_beta=kl_beta, tis_cap=tis_cap)
+    loss_args = dict(
+        pad_id=pad_id,
+        temperature=temperature,
+        clip_eps=clip_eps,
+        kl_beta=kl_beta,
+        tis_cap=tis_cap,
+        anchor_beta=anchor_beta,
+    )
     rng = random.Random(seed)  # one stream: the first epoch's order is the same whatever `epochs`
     model.train()
     history = []
@@ -189,7 +203,7 @@ MEASURES = ("loss", "pg_loss", "kl", "clip_frac", "entropy")  # per optimizer st
 MISMATCH = ("mismatch_abs_mean", "mismatch_abs_max", "mismatch_outside_cap")  # per step, over its samples' tokens
 
 
-def _autocast(model, precision: str) -> AbstractContextManager:
+def autocast_for(model, precision: str) -> AbstractContextManager:
     """bf16 autocast on the model's device, or nothing (fp32)."""
     if precision == "fp32":
         return contextlib.nullcontext()
@@ -198,15 +212,15 @@ def _autocast(model, precision: str) -> AbstractContextManager:
     return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
 
 
-def with_trainer_logprobs(
+def teacher_forced_logprobs(
     model, samples: list[Sample], pad_id: int, temperature: float, micro_batch_size: int, autocast
-):
-    """`samples` with old_logprobs recomputed by `model` (the pre-update weights, teacher-forced,
-    no gradient, under `autocast`) and the sampler's kept as sampler_logprobs. Samples sharing a
-    prompt go through together (their prompt runs once); every process computes all of them,
-    the same number of forwards on each (a collective forward under ZeRO-3 needs that)."""
+) -> list[list[float]]:
+    """Each sample's response log-probs under `model` (teacher-forced, no gradient, under
+    `autocast`). Samples sharing a prompt go through together (their prompt runs once); every
+    process computes all of them, the same number of forwards on each (a collective forward
+    under ZeRO-3 needs that)."""
     order = sorted(range(len(samples)), key=lambda i: prompt_of(samples[i]))
-    out: list[Sample | None] = [None] * len(samples)
+    out: list[list[float]] = [[] for _ in samples]
     was_training = model.training
     model.eval()
     with torch.no_grad(), autocast:
@@ -216,10 +230,27 @@ def with_trainer_logprobs(
             lens = [s.response_len for s in micro]
             logprobs, _ = packed_response_logprobs(model, [s.input_ids for s in micro], lens, pad_id, temperature)
             for row, (i, s) in enumerate(zip(idx, micro)):
-                mine = logprobs[row, logprobs.shape[1] - s.response_len :].float().tolist()
-                out[i] = replace(s, old_logprobs=mine, sampler_logprobs=list(s.old_logprobs))
+                out[i] = logprobs[row, logprobs.shape[1] - s.response_len :].float().tolist()
     model.train(was_training)
     return out
+
+
+def with_trainer_logprobs(
+    model, samples: list[Sample], pad_id: int, temperature: float, micro_batch_size: int, autocast
+) -> list[Sample]:
+    """`samples` with old_logprobs recomputed by `model` (the pre-update weights) and the
+    sampler's kept as sampler_logprobs (`teacher_forced_logprobs`)."""
+    mine = teacher_forced_logprobs(model, samples, pad_id, temperature, micro_batch_size, autocast)
+    return [replace(s, old_logprobs=lp, sampler_logprobs=list(s.old_logprobs)) for s, lp in zip(samples, mine)]
+
+
+def with_anchor_logprobs(
+    anchor, samples: list[Sample], pad_id: int, temperature: float, micro_batch_size: int, autocast
+) -> list[Sample]:
+    """`samples` with anchor_logprobs from `anchor`, the run's starting weights
+    (`teacher_forced_logprobs`), for the anchor KL (`optim.anchor_beta`)."""
+    theirs = teacher_forced_logprobs(anchor, samples, pad_id, temperature, micro_batch_size, autocast)
+    return [replace(s, anchor_logprobs=lp) for s, lp in zip(samples, theirs)]
 
 
 def _gap(samples: list[Sample], cap: float) -> dict:
@@ -257,7 +288,9 @@ def _minibatch_step(
     share = 1.0 / len(mini)  # each sample's weight in the mini-batch mean
     if not mine:  # fewer samples than processes: still join the all-reduce, with weight 0
         mine, share = mini[:1], 0.0
-    totals = dict.fromkeys(MEASURES, 0.0)
+    anchored = samples[mini[0]].anchor_logprobs is not None
+    measures = (*MEASURES, "anchor_kl") if anchored else MEASURES
+    totals = dict.fromkeys(measures, 0.0)
     num_tokens = 0
     for start in range(0, len(mine), micro_batch_size):
         micro = [samples[i] for i in mine[start : start + micro_batch_size]]
@@ -265,42 +298,69 @@ def _minibatch_step(
         with backend.accumulate(model, sync=start + micro_batch_size >= len(mine)):
             loss, stats = _micro_batch_loss(model, micro, **loss_args)
             backend.backward(loss * (weight * world))  # all-reduce averages over processes
-        for key in MEASURES:
+        for key in measures:
             totals[key] += stats[key] * weight
         num_tokens += sum(sum(s.trained) if s.trained else s.response_len for s in micro) if share else 0
         on_micro_batch(len(micro))
     grad_norm = backend.clip_and_step(model, optimizer, grad_clip)
-    summed = backend.reduce_sum([totals[k] for k in MEASURES] + [num_tokens])
+    summed = backend.reduce_sum([totals[k] for k in measures] + [num_tokens])
     return {
         "num_samples": len(mini),
         "num_tokens": int(summed[-1]),
-        **dict(zip(MEASURES, summed[:-1])),
+        "anchor_kl": None,
+        **dict(zip(measures, summed[:-1])),
         "grad_norm": float(grad_norm),  # before clipping
         "lr": optimizer.param_groups[0]["lr"],
     }
 
 
 def _micro_batch_loss(
-    model, micro: list[Sample], *, pad_id: int, temperature: float, clip_eps: float, kl_beta: float, tis_cap=None
+    model,
+    micro: list[Sample],
+    *,
+    pad_id: int,
+    temperature: float,
+    clip_eps: float,
+    kl_beta: float,
+    tis_cap=None,
+    anchor_beta: float = 0.0,
 ):
     """PPO-clip loss of a few samples -> (loss, stats with the mean token entropy added)."""
     lens = [s.response_len for s in micro]
     seqs = [s.input_ids for s in micro]
     logprobs, mask, entropy = packed_response_logprobs(model, seqs, lens, pad_id, temperature, entropy=True)
     mask = mask & _trained_mask(micro, mask.shape[1], mask.device)
-    old = torch.zeros_like(logprobs)
-    for row, s in enumerate(micro):  # right-align each response, as response_logprobs does
-        old[row, old.shape[1] - s.response_len :] = torch.tensor(s.old_logprobs)
+    old = _right_aligned(logprobs, [s.old_logprobs for s in micro])
+    anchor = None
+    if micro[0].anchor_logprobs is not None:
+        anchor = _right_aligned(logprobs, [s.anchor_logprobs for s in micro])
     advantages = torch.tensor([s.advantage for s in micro], device=logprobs.device)
     weights = None
     if tis_cap is not None and micro[0].sampler_logprobs is not None:
-        sampler = torch.zeros_like(logprobs)
-        for row, s in enumerate(micro):
-            sampler[row, sampler.shape[1] - s.response_len :] = torch.tensor(s.sampler_logprobs)
+        sampler = _right_aligned(logprobs, [s.sampler_logprobs for s in micro])
         weights = tis_weights(old, sampler, mask, tis_cap)
-    loss, stats = ppo_clip_loss(logprobs, old, advantages, mask, clip_eps=clip_eps, kl_beta=kl_beta, is_weights=weights)
+    loss, stats = ppo_clip_loss(
+        logprobs,
+        old,
+        advantages,
+        mask,
+        clip_eps=clip_eps,
+        kl_beta=kl_beta,
+        is_weights=weights,
+        anchor_logprobs=anchor,
+        anchor_beta=anchor_beta,
+    )
     stats["entropy"] = float(masked_sequence_mean(entropy, mask))
     return loss, stats
+
+
+def _right_aligned(like: torch.Tensor, rows: list[list[float]]) -> torch.Tensor:
+    """(B, T) zeros shaped like `like` with each row's values at its right end, where
+    `packed_response_logprobs` puts a response's log-probs."""
+    out = torch.zeros_like(like)
+    for row, values in enumerate(rows):
+        out[row, out.shape[1] - len(values) :] = torch.tensor(values)
+    return out
 
 
 def _trained_mask(micro: list[Sample], width: int, device) -> torch.Tensor:

@@ -152,6 +152,7 @@ UPDATE = pa.schema(
         pa.field("loss", pa.float32(), nullable=False),
         pa.field("pg_loss", pa.float32(), nullable=False),
         pa.field("kl", pa.float32(), nullable=False),
+        pa.field("anchor_kl", pa.float32()),  # k3 KL to the run's starting weights (null: optim.anchor_beta 0)
         pa.field("clip_frac", pa.float32(), nullable=False),
         pa.field("entropy", pa.float32(), nullable=False),  # mean next-token entropy on response tokens
         pa.field("grad_norm", pa.float32(), nullable=False),  # before clipping

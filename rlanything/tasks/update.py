@@ -100,6 +100,8 @@ def _job(
         precision=update,
         recompute_old=recompute,
         tis_cap=config.algo.tis_cap if recompute else None,
+        anchor=str(model_path(config, layout, kind, 0).resolve()) if optim.anchor_beta else None,
+        anchor_beta=optim.anchor_beta,
         lora=section.lora.model_dump(),
         lr=optim.lr,
         weight_decay=optim.weight_decay,
@@ -128,6 +130,8 @@ def _history_metrics(config: Config, layout: RunLayout, kind: str, history: list
     weights = frame.num_samples / frame.num_samples.sum()
     metrics = {update_metric(kind, key): float((frame[key] * weights).sum()) for key in STEP_MEASURES}
     metrics[update_metric(kind, "lr_last")] = float(frame.lr.iloc[-1])
+    if frame.anchor_kl.notna().any():  # the drift from the run's start (optim.anchor_beta)
+        metrics[update_metric(kind, "anchor_kl")] = float((frame.anchor_kl * weights).sum())
     metrics |= _mismatch(kind, frame)
     metrics[f"tokens/{kind}_trained"] = int(frame.num_tokens.sum())
     for row in frame.itertuples(index=False):

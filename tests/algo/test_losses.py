@@ -109,7 +109,29 @@ def test_ppo_hand_example_values():
     assert stats["loss"] == pytest.approx(stats["pg_loss"] + 0.01 * stats["kl"], abs=1e-7)
     assert stats["clip_frac"] == pytest.approx(1 / 3)
     assert stats["ratio_mean"] == pytest.approx(3.1 / 3, abs=1e-6)
-    assert all(type(v) is float for v in stats.values())
+    assert stats["anchor_kl"] is None  # no anchor given
+    assert all(type(v) is float for k, v in stats.items() if k != "anchor_kl")
+
+
+def test_anchor_kl_hand_example_adds_its_term_and_pulls_towards_the_anchor():
+    # The anchor (the run's starting weights) sits where the pre-update model does, except token
+    # (0, 0): there the policy has moved to ratio 1.5 of the old and 3.0 of the anchor (anchor
+    # prob 0.15). k3 against the anchor per token: 1/3 + ln 3 - 1 = 0.43195, then k3(0.5) and
+    # k3(1.1) as for the old model; the masked token reads nothing.
+    logprobs, old = _hand_inputs()
+    anchor = old.clone()
+    anchor[0, 0] = math.log(0.15)
+    loss, stats = ppo_clip_loss(logprobs, old, ADV, PPO_MASK, anchor_logprobs=anchor, anchor_beta=0.5)
+    anchor_kl = ((_k3(3.0) + _k3(0.5)) / 2 + _k3(1.1)) / 2
+    assert anchor_kl == pytest.approx((0.4319456 + 0.3068528) / 4 + 0.0044011 / 2, abs=1e-6)  # 0.1869002
+    assert stats["anchor_kl"] == pytest.approx(anchor_kl, abs=1e-6)
+    kl = ((_k3(1.5) + _k3(0.5)) / 2 + _k3(1.1)) / 2
+    assert loss.item() == pytest.approx(0.675 + 0.01 * kl + 0.5 * anchor_kl, abs=1e-6)
+    # the clipped token (0, 0) gets its gradient from the KL terms alone: d k3 / d logp = 1 - 1/r,
+    # positive for r > 1, so descent lowers the log-prob back towards both references
+    loss.backward()
+    expected = (0.01 * (1 - 1 / 1.5) + 0.5 * (1 - 1 / 3.0)) / 2 / 2
+    assert logprobs.grad[0, 0].item() == pytest.approx(expected, abs=1e-6)
 
 
 def test_ppo_hand_example_gradients():

@@ -145,3 +145,35 @@ def test_example_configs_load():
     for path in (REPO / "configs/accelerate").glob("*.yaml"):
         data = yaml.safe_load(path.read_text())
         assert data["distributed_type"] in ("DEEPSPEED", "MULTI_GPU"), path
+
+
+def _drift(start: Path, out: Path, samples, pad_id: int) -> float:
+    """Mean k3 KL of `out` from `start` over the samples' response tokens."""
+    import contextlib
+
+    import torch
+
+    from rlanything.algo.losses import k3_kl
+    from rlanything.models.trainer import teacher_forced_logprobs
+
+    def logprobs(path):
+        return teacher_forced_logprobs(load_model(path), samples, pad_id, 1.0, 8, contextlib.nullcontext())
+
+    kl = [k3_kl(torch.tensor(a), torch.tensor(b), torch.ones(len(a))) for a, b in zip(logprobs(out), logprobs(start))]
+    return float(torch.cat(kl).mean())
+
+
+def test_the_anchor_kl_holds_the_update_near_the_start(tiny_model_path, tiny_tokenizer, samples, tmp_path):
+    """optim.anchor_beta: 4 passes at a large lr drift far from the start without the anchor,
+    much less with it; its first step reads the start itself (anchor KL 0)."""
+    common = dict(epochs=4, lr=3e-2)
+    free = run_update(job(tiny_model_path, tmp_path / "free", **common), samples)
+    held = run_update(
+        job(tiny_model_path, tmp_path / "held", anchor=str(tiny_model_path), anchor_beta=1.0, **common), samples
+    )
+    assert all(h["anchor_kl"] is None for h in free)
+    assert held[0]["anchor_kl"] == pytest.approx(0.0, abs=1e-6) and held[-1]["anchor_kl"] > 1e-3
+    pad = tiny_tokenizer.pad_token_id
+    free_drift, held_drift = (_drift(tiny_model_path, tmp_path / n, samples, pad) for n in ("free", "held"))
+    assert free_drift > 0.05, free_drift
+    assert held_drift < free_drift / 2, (held_drift, free_drift)

@@ -113,6 +113,7 @@ def test_artifacts_are_read_and_written_by_name_with_their_schema(tmp_path):
         "loss": 0.5,
         "pg_loss": 0.4,
         "kl": 0.0,
+        "anchor_kl": None,  # no anchor KL (optim.anchor_beta 0)
         "clip_frac": 0.0,
         "entropy": 2.5,
         "grad_norm": 1.0,
