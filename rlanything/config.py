@@ -142,7 +142,8 @@ class OptimConfig(_Section):
     where the hardware has bf16 matrix units (CPU amx_bf16 or avx512_bf16, a bf16-capable GPU),
     else fp32 (models/precision.py). Resolved once per run, kept in its precision.json."""
     anchor_beta: float = Field(0.0, ge=0)
-    """Weight of a k3 KL penalty towards the run's starting weights (this section's `model`), on
+    """Weight of a k3 KL penalty towards the run's starting weights (the policy's `model`; the
+    RM's `rm.model`, else the policy's; with LoRA the adapter's base), on
     top of the paper's KL towards the pre-update weights (`algo.kl_beta`), which a single pass
     leaves at ~0 and which never sees the drift summed over iterations. Each update then runs
     one more forward (the start's log-probs, no gradient). 0: off (the paper; our departure,

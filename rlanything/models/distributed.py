@@ -133,17 +133,36 @@ def _barrier() -> None:
         torch.distributed.barrier()
 
 
-def _anchored(job: UpdateJob, samples: list[Sample], pad_id: int, device: str) -> list[Sample]:
-    """`samples` with the anchor's log-probs where the job has an anchor KL, else as they are.
-    The anchor (the run's starting weights, full, no adapter) is loaded for this and dropped."""
+def _anchored(job: UpdateJob, model, samples: list[Sample], pad_id: int, device: str) -> list[Sample]:
+    """`samples` with the anchor's log-probs where the job has an anchor KL, else as they are;
+    computed before the training model is placed or wrapped (accelerate, DeepSpeed), on `device`.
+
+    With LoRA the anchor is `model` with its adapter off: exactly the adapter's base (the run's
+    start, unless the run switched to LoRA later), in the base's own dtype, nothing loaded. Else
+    the anchor's full weights are loaded in fp32 for this and dropped, run under the update's
+    autocast as the trainer runs; under DeepSpeed bf16, whose weights are bf16 themselves, the
+    two differ by bf16 rounding."""
     if not job.anchor_beta or not samples:
         return samples
+    if _lora(job).enabled:
+        model.to(device)
+        with model.disable_adapter():
+            autocast = autocast_for(model, job.precision)
+            return with_anchor_logprobs(model, samples, pad_id, job.temperature, job.micro_batch_size, autocast)
     anchor = load_model(Path(job.anchor), "float32", device)
     try:
         autocast = autocast_for(anchor, job.precision)
         return with_anchor_logprobs(anchor, samples, pad_id, job.temperature, job.micro_batch_size, autocast)
     finally:
         del anchor
+
+
+def _process_device() -> str:
+    """Where this process of `accelerate launch` computes before accelerate places it: its GPU
+    (LOCAL_RANK), or the CPU."""
+    if torch.cuda.is_available():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    return "cpu"
 
 
 def _lora(job: UpdateJob):
@@ -179,8 +198,11 @@ def run_update(
     # base loads in the update's precision
     base = "bfloat16" if _lora(job).enabled and job.precision == "bf16" else "float32"
     model, tokenizer = load_for_training(Path(job.start), base, _lora(job), seed=job.seed)
+    device = resolve_device(job.device) if backend == "torch" else _process_device()
+    # before accelerate (a ZeRO-3 Accelerator would partition a model loaded after it)
+    samples = _anchored(job, model, samples, tokenizer.pad_token_id, device)
     if backend == "torch":
-        model.to(resolve_device(job.device))  # before the optimizer: its resumed moments land there too
+        model.to(device)  # before the optimizer: its resumed moments land there too
     optimizer = make_optimizer(model, job.lr, job.weight_decay, _optimizer_state(job))
     kwargs = dict(
         pad_id=tokenizer.pad_token_id,
@@ -202,7 +224,6 @@ def run_update(
         anchor_beta=job.anchor_beta,
     )
     if backend == "torch":
-        samples = _anchored(job, samples, tokenizer.pad_token_id, resolve_device(job.device))
         history = ppo_update(model, optimizer, samples, backend=TorchBackend(), **kwargs)
         _save(model.cpu(), tokenizer, optimizer, job)
         return history
@@ -243,7 +264,6 @@ def _accelerate_update(job, model, tokenizer, optimizer, samples, kwargs) -> lis
         ds_config["train_micro_batch_size_per_gpu"] = job.micro_batch_size
         ds_config["gradient_accumulation_steps"] = 1
         ds_config["train_batch_size"] = job.micro_batch_size * world
-    samples = _anchored(job, samples, tokenizer.pad_token_id, str(accelerator.device))
     model, optimizer = accelerator.prepare(model, optimizer)
     state = Path(job.start) / DEEPSPEED_STATE
     if deepspeed and (state / f"world_{world}").exists():  # ZeRO shards match only the same world

@@ -148,7 +148,8 @@ def test_example_configs_load():
 
 
 def _drift(start: Path, out: Path, samples, pad_id: int) -> float:
-    """Mean k3 KL of `out` from `start` over the samples' response tokens."""
+    """k3 KL of `out` from `start` on the samples' response tokens: each sample's mean, then
+    the mean over samples (the loss's reduction)."""
     import contextlib
 
     import torch
@@ -159,8 +160,10 @@ def _drift(start: Path, out: Path, samples, pad_id: int) -> float:
     def logprobs(path):
         return teacher_forced_logprobs(load_model(path), samples, pad_id, 1.0, 8, contextlib.nullcontext())
 
-    kl = [k3_kl(torch.tensor(a), torch.tensor(b), torch.ones(len(a))) for a, b in zip(logprobs(out), logprobs(start))]
-    return float(torch.cat(kl).mean())
+    pairs = zip(logprobs(out), logprobs(start))
+    return sum(float(k3_kl(torch.tensor(a), torch.tensor(b), torch.ones(len(a))).mean()) for a, b in pairs) / len(
+        samples
+    )
 
 
 def test_the_anchor_kl_holds_the_update_near_the_start(tiny_model_path, tiny_tokenizer, samples, tmp_path):
@@ -177,3 +180,18 @@ def test_the_anchor_kl_holds_the_update_near_the_start(tiny_model_path, tiny_tok
     free_drift, held_drift = (_drift(tiny_model_path, tmp_path / n, samples, pad) for n in ("free", "held"))
     assert free_drift > 0.05, free_drift
     assert held_drift < free_drift / 2, (held_drift, free_drift)
+
+
+def test_with_lora_the_anchor_is_the_adapters_base(tiny_model_path, tiny_tokenizer, samples, tmp_path):
+    """An update that starts from a trained adapter measures its first anchor KL against the
+    base (the adapter switched off), not against its own start: the drift of that start."""
+    run_update(job(tiny_model_path, tmp_path / "first", lora=True, epochs=4), samples)
+    second = run_update(
+        job(
+            tmp_path / "first", tmp_path / "second", lora=True, updates=1, anchor=str(tiny_model_path), anchor_beta=1.0
+        ),
+        samples,
+    )
+    drift = _drift(tiny_model_path, tmp_path / "first", samples, tiny_tokenizer.pad_token_id)
+    assert drift > 1e-3, drift
+    assert second[0]["anchor_kl"] == pytest.approx(drift, rel=1e-3, abs=1e-6)
