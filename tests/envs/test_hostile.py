@@ -25,6 +25,7 @@ import pytest
 
 from rlanything.environment import SandboxConfig
 from rlanything.envs.sandbox import PRIVATE_PREFIX, run_program, run_tests, runtime, sweep_orphans
+from rlanything.envs.sandbox.probe import UID_SLOTS
 
 LIMITS = SandboxConfig(timeout_s=1.0, memory_mb=256, max_file_mb=1, max_processes=8, disk_mb=4)
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -191,7 +192,8 @@ def program(case: str, mark: str, host: dict) -> str:
 
 
 def marked_processes(mark: str) -> list[str]:
-    uid = runtime().uid
+    first = runtime().uid  # every run takes one of the process's UID_SLOTS uids from here
+    uids = range(first, first + UID_SLOTS) if first is not None else range(0)
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -201,7 +203,7 @@ def marked_processes(mark: str) -> list[str]:
             owner = os.stat(entry.path).st_uid
         except OSError:
             continue
-        if mark.encode() in cmdline or (uid is not None and owner == uid):
+        if mark.encode() in cmdline or owner in uids:
             found.append(f"{entry.name} uid={owner} {cmdline[:120]!r}")
     return found
 

@@ -71,6 +71,23 @@ print(n)"""
     assert int(counted.stdout) < 8 + 1  # RLIMIT_NPROC stopped it (processes of a fresh uid)
 
 
+def test_a_run_beside_a_fork_bomb_still_starts():
+    """RLIMIT_NPROC counts a uid's processes: a bomb that filled its limit must not leave a run
+    started beside it unable to fork its own sandbox (they ran as one uid once, and a correct
+    generated test failed beside a hostile one)."""
+    import threading
+
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    bombing = threading.Thread(target=run_program, args=(bomb,), kwargs={"limits": FAST, "wall_s": 6.0})
+    bombing.start()
+    try:
+        time.sleep(2.0)  # the bomb has long filled its limit of 8 processes
+        beside = run_program("print(2 + 3)", limits=FAST)
+    finally:
+        bombing.join()
+    assert beside.stdout == "5\n" and beside.returncode == 0, beside
+
+
 def test_a_process_that_leaves_the_group_is_killed_too():
     escape = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')"
     result = run_program(escape, limits=FAST)

@@ -22,7 +22,8 @@ process, its wall clock, and nothing left behind), `program` (one run: files in,
   inside; files it writes live only in its tmpfs and vanish with it: nothing one program writes
   is visible to another.
 * **An unprivileged user outside too**: when we are root, bwrap itself is started as a
-  throw-away uid (`SANDBOX_UID_BASE + pid % 100000`, no groups, no capabilities). The kernel
+  throw-away uid (one of `UID_SLOTS` per process, in turn: runs at the same time get different
+  ones, as RLIMIT_NPROC counts a uid's processes; no groups, no capabilities). The kernel
   does not apply RLIMIT_NPROC to root (nor to a user namespace that maps onto root), so the
   process limit would not hold otherwise. That uid must be able to reach the interpreter: when
   ours lies under a folder others cannot enter (pyenv under /root), the system's python3 runs

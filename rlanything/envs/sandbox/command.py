@@ -57,14 +57,14 @@ def wrappers(tools: tuple[str, str], limits: SandboxConfig, cpu_s: int, nproc: i
     ]
 
 
-def limits_prefix(rt: Runtime, limits: SandboxConfig, wall_s: float, weak: bool) -> list[str]:
-    """The `wrappers` of one run: RLIMIT_NPROC counts the code's processes, bwrap's own two,
-    and (when we keep our uid) every process we already run and the run's keeper; CPU seconds
-    cover the wall clock."""
+def limits_prefix(rt: Runtime, uid: int | None, limits: SandboxConfig, wall_s: float, weak: bool) -> list[str]:
+    """The `wrappers` of one run as `uid` (`probe.run_uid`): RLIMIT_NPROC counts the code's
+    processes, bwrap's own two, and (when we keep our uid) every process we already run and the
+    run's keeper; CPU seconds cover the wall clock."""
     nproc = limits.max_processes + (0 if weak else BWRAP_PROCESSES)
-    nproc += 0 if rt.uid is not None else own_process_count() + KEEPER_PROCESSES
+    nproc += 0 if uid is not None else own_process_count() + KEEPER_PROCESSES
     cpu_s = max(1, math.ceil(wall_s)) + 1
-    return wrappers((rt.setpriv, rt.prlimit), limits, cpu_s, nproc, rt.uid)
+    return wrappers((rt.setpriv, rt.prlimit), limits, cpu_s, nproc, uid)
 
 
 def bwrap_argv(bwrap: str, prefix: str, limits: SandboxConfig, files: dict[str, int]) -> list[str]:

@@ -5,11 +5,13 @@ interpreter the sandbox user can reach, and which isolation a configuration acce
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from rlanything.envs.sandbox.command import bwrap_argv, own_process_count, wrapp
 log = logging.getLogger(__name__)
 
 SANDBOX_UID_BASE = 200_000
+UID_SLOTS = 64  # throw-away uids per process, one per run in turn (`run_uid`)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -29,7 +32,7 @@ class SandboxUnavailable(RuntimeError):
 class Runtime:
     python: str  # the interpreter that runs the code (same path inside and outside)
     prefix: str  # its installation prefix, bound read-only (with /usr)
-    uid: int | None  # the uid bwrap (or the weak child) runs as; None: we keep ours
+    uid: int | None  # the first of the uids bwrap (or the weak child) runs as (`run_uid`); None: we keep ours
     bwrap: str | None  # bwrap's path when it runs here, else None
     notes: str  # why bwrap cannot run, or ""
     setpriv: str = "setpriv"  # util-linux's setpriv and prlimit
@@ -65,8 +68,24 @@ def _python_candidates() -> list[tuple[str, str]]:
 
 @functools.cache
 def sandbox_uid() -> int | None:
-    """The throw-away uid bwrap runs as when we are root, else None (we keep ours)."""
-    return SANDBOX_UID_BASE + os.getpid() % 100_000 if os.geteuid() == 0 else None
+    """The first of this process's UID_SLOTS throw-away uids when we are root, else None (we
+    keep ours)."""
+    return SANDBOX_UID_BASE + os.getpid() % 10_000 * UID_SLOTS if os.geteuid() == 0 else None
+
+
+_next_slot = itertools.count()
+_slot_lock = threading.Lock()
+
+
+def run_uid(first: int | None) -> int | None:
+    """The throw-away uid of one run, the next of this process's UID_SLOTS from `first`
+    (`Runtime.uid`), or None where we keep ours. RLIMIT_NPROC counts a uid's processes, so runs
+    at the same time must not share one: a fork bomb filling its limit would leave a run beside
+    it unable to start (measured: a correct test failed beside a hostile one)."""
+    if first is None:
+        return None
+    with _slot_lock:
+        return first + next(_next_slot) % UID_SLOTS
 
 
 def _probe_bwrap(bwrap: str, python: str, prefix: str, uid: int | None, tools: tuple[str, str]) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from rlanything import procs
 from rlanything.environment import SandboxConfig
 from rlanything.envs.sandbox.command import bwrap_argv, clean_env, limits_prefix
-from rlanything.envs.sandbox.probe import checked_runtime
+from rlanything.envs.sandbox.probe import checked_runtime, run_uid
 from rlanything.envs.sandbox.supervise import run_until_deadline
 
 PRIVATE_PREFIX = "rlanything-sandbox-"  # + pid + "-": a run's private folder in the system temp folder
@@ -50,6 +50,7 @@ def run_program(
     '42\\n'
     """
     rt = checked_runtime(limits)
+    uid = run_uid(rt.uid)  # its own: RLIMIT_NPROC is per uid
     weak = rt.bwrap is None
     wall_s = limits.timeout_s if wall_s is None else wall_s
     sweep_orphans()
@@ -58,12 +59,12 @@ def run_program(
     try:
         contents = {"main.py": code, **(files or {})}
         if weak:
-            prefix, cwd, env = _weak_workdir(private, contents, rt.uid)
+            prefix, cwd, env = _weak_workdir(private, contents, uid)
         else:
             fds = {name: _memfile(text) for name, text in contents.items()}
             prefix, cwd, env = bwrap_argv(rt.bwrap, rt.prefix, limits, fds), "/", {}
         out_path, err_path = private / ".stdout", private / ".stderr"
-        cmd = [*limits_prefix(rt, limits, wall_s, weak), *prefix, rt.python, "-I", "-S", *(argv or ["main.py"])]
+        cmd = [*limits_prefix(rt, uid, limits, wall_s, weak), *prefix, rt.python, "-I", "-S", *(argv or ["main.py"])]
         start = time.monotonic()
         returncode, timed_out = run_until_deadline(
             cmd, stdin, cwd=cwd, env=env, fds=fds, wall_s=wall_s, outputs=(out_path, err_path)
@@ -74,7 +75,7 @@ def run_program(
             stderr=_read(err_path),
             timed_out=timed_out,
             wall_s=time.monotonic() - start,
-            uid=rt.uid if rt.uid is not None else os.getuid(),
+            uid=uid if uid is not None else os.getuid(),
             isolation="weak" if weak else "bubblewrap",
         )
     finally:
