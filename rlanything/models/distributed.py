@@ -144,17 +144,11 @@ def _anchored(job: UpdateJob, model, samples: list[Sample], pad_id: int, device:
     two differ by bf16 rounding."""
     if not job.anchor_beta or not samples:
         return samples
-    if _lora(job).enabled:
-        model.to(device)
-        with model.disable_adapter():
-            autocast = autocast_for(model, job.precision)
-            return with_anchor_logprobs(model, samples, pad_id, job.temperature, job.micro_batch_size, autocast)
-    anchor = load_model(Path(job.anchor), "float32", device)
-    try:
+    lora = _lora(job).enabled
+    anchor = model.to(device) if lora else load_model(Path(job.anchor), "float32", device)
+    with model.disable_adapter() if lora else contextlib.nullcontext():
         autocast = autocast_for(anchor, job.precision)
         return with_anchor_logprobs(anchor, samples, pad_id, job.temperature, job.micro_batch_size, autocast)
-    finally:
-        del anchor
 
 
 def _process_device() -> str:
