@@ -281,8 +281,8 @@ def ablation(
         float | None,
         typer.Option(
             min=0.01,
-            help="Training minutes per arm (the steps' own times; equal budget): an arm starts another "
-            "iteration while its predicted end (the median of its last 3) lies nearer the budget than now.",
+            help="Training minutes per arm (the steps' own times; equal budget): an arm trains until they "
+            "are up and is compared at the checkpoint it had then (its last iteration that ended within them).",
         ),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Experiment name (default: <run.name>-ablation).")] = None,

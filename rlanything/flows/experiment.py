@@ -10,14 +10,16 @@ guard's fallback off (the paper has none; the alarm is still logged): a flagged 
 otherwise make the +RM arm outcome-only and leave the RM-signal-only arm without a reward.
 
 The budget is equal for every arm: N iterations, or M minutes of training (the sum of the steps'
-own times). An arm starts another iteration while its predicted end lies nearer the budget
-than stopping now (`next_fits`: the training so far plus half the median of its last three
-iterations within M minutes; the first always runs), from the recorded step times only, so a
-resumed experiment decides exactly as an uninterrupted one. An arm thus ends within about half
-an iteration of its budget, either side. Both given: whichever comes
-first. The comparison (`reports.experiment`) shows each arm's minutes per seed and flags an arm
-more than 5% off the budget; it is rewritten after every finished arm: partial results are
-readable while the rest runs.
+own times). Under a wall-time budget an arm is compared with the checkpoint it had when its M
+minutes were up: it trains while its training so far is under M (`next_fits`), so its last
+iteration runs past M, and the comparison takes its last iteration that ended within M
+(`at_budget`, evaluated after the arm; the starting model if the first one overran). Every arm
+so gets exactly M minutes; one with long iterations has more of them unfinished when time is up,
+which is the cost of its iterations, not a budget overrun. The decisions read only the recorded
+step times, so a resumed experiment decides exactly as an uninterrupted one. Both given:
+whichever comes first. The comparison (`reports.experiment`) shows each arm's minutes up to the
+compared checkpoint and the minutes its unfinished iteration had run at the budget; it is
+rewritten after every finished arm: partial results are readable while the rest runs.
 
 Resume: running the same command again (or Retry in the Prefect UI) skips arms marked finished
 with this budget (`arms/<run>.done`) and resumes the unfinished one at its failed step; the same
@@ -42,7 +44,6 @@ import functools
 import json
 import re
 import shutil
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,7 +96,6 @@ ARMS: dict[str, Arm] = {
 }
 NAME = re.compile(r"[A-Za-z0-9._-]+")
 MAX_ITERATIONS = 10_000  # a wall-time budget alone: effectively unbounded
-RECENT = 3  # finished iterations the next one is predicted from (`predicted_iteration`)
 EXPERIMENT_TAG, ARM_TAG, SEED_TAG = "rlanything.experiment", "rlanything.arm", "rlanything.seed"
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's UI nests a run under the run this tag names
 
@@ -141,37 +141,41 @@ def open_experiment(
     return base, seed_list, folder
 
 
-def predicted_iteration(seconds: list[float]) -> float:
-    """The next iteration's predicted training seconds: the median of the last `RECENT` finished
-    ones (`seconds`, non-empty). Recent, because an arm's iterations change length as it learns (a
-    text game's end sooner once the policy wins in its first turns: 262 s at the start, 14-104 s at
-    the end, measured); the median, so one slow iteration does not decide alone.
-
-    >>> predicted_iteration([300.0, 90.0, 40.0, 60.0]), predicted_iteration([30.0])
-    (60.0, 30.0)
-    """
-    return float(statistics.median(seconds[-RECENT:]))
-
-
 def next_fits(seconds: list[float], budget_s: float) -> bool:
     """Whether an arm whose finished iterations took `seconds` (training time each) starts one
-    more under a budget of `budget_s` training seconds: yes when nothing is measured yet (the first
-    iteration always runs; if it alone overruns, the comparison flags the arm), else when its
-    predicted end (`predicted_iteration`) lies nearer the budget than stopping now does, i.e. when
-    the training so far plus half the predicted iteration stays within the budget. So an arm ends
-    within about half an iteration of its budget, either side, instead of always short of it.
+    more under a budget of `budget_s` training seconds: while its training so far is under the
+    budget. Its last iteration thus ends past the budget, and `at_budget` tells which checkpoint
+    the arm had when its time was up.
 
-    Why not stop a running iteration at the budget instead: its work would be thrown away and the
-    run left with half an iteration (a checkpoint mid-update), and where it stopped would depend
-    on the clock, so a resumed experiment could not decide as an uninterrupted one did; this rule
-    reads only recorded times. The rule before this one never overran (so far plus the longest
-    finished iteration within the budget) and so ended up to one longest iteration short; on text
-    games the longest is the first, two to ten times the last ones, so the arms stopped far short.
+    Why run past the budget: only a finished iteration shows whether it ended within the budget.
+    The rules before this one stopped on a prediction (training so far plus the longest finished
+    iteration, later plus half the median of the last three), so an arm whose iterations were long
+    or uneven ended a whole iteration short or half of one over: a +RM arm on text games, with
+    iterations of 28-42% of an 18-minute budget, ended 15% short to 12% over it. Why not stop a
+    running iteration at the budget instead: its work would be lost, the run left with half an
+    iteration, and where it stopped would depend on the clock, not on recorded times.
 
-    >>> next_fits([], 60), next_fits([20, 25], 56.25), next_fits([20, 25], 56.2)  # 45 + 22.5 / 2
+    >>> next_fits([], 60), next_fits([20, 39.9], 60), next_fits([20, 40], 60)
     (True, True, False)
     """
-    return not seconds or sum(seconds) + predicted_iteration(seconds) / 2 <= budget_s
+    return sum(seconds) < budget_s
+
+
+def at_budget(seconds: list[float], budget_s: float) -> int:
+    """The iteration whose checkpoint an arm had when `budget_s` training seconds were up: the
+    last whose iterations 0..i took at most the budget in all (`seconds`: each one's training
+    time, in order); `BASE` (the starting model) when the first alone took more.
+
+    >>> at_budget([30.0, 40.0, 50.0], 70.0), at_budget([30.0, 40.0, 50.0], 69.9), at_budget([80.0], 70.0)
+    (1, 0, -1)
+    """
+    total, at = 0.0, BASE
+    for iteration, taken in enumerate(seconds):
+        total += taken
+        if total > budget_s:
+            break
+        at = iteration
+    return at
 
 
 def iteration_seconds(run_dir: Path, count: int) -> list[float]:
@@ -184,7 +188,8 @@ def iteration_seconds(run_dir: Path, count: int) -> list[float]:
 def _train_arm(config_path: str, overrides: list[str], config: Config, iterations, budget_minutes) -> None:
     """Train one (arm, seed) run to its budget: N iterations and/or M minutes of step time, one
     iteration at a time while `next_fits` (from the recorded times: a resumed or extended arm
-    passes over its finished iterations deciding as before, then goes on)."""
+    passes over its finished iterations deciding as before, then goes on); then evaluate the
+    iteration it is compared at (`at_budget` under a wall-time budget, else its last)."""
     limit = iterations or (MAX_ITERATIONS if budget_minutes else config.run.iterations)
     if budget_minutes is None:
         train_flow(config_path, overrides, limit)
@@ -193,9 +198,11 @@ def _train_arm(config_path: str, overrides: list[str], config: Config, iteration
         while done < limit and next_fits(iteration_seconds(config.run_dir, done), budget_minutes * 60):
             train_flow(config_path, overrides, done + 1)  # finished iterations are skipped
             done += 1
-    last = max(i for i in range(limit) if RunLayout(config.run_dir).iteration_done(i).exists())
-    if not (eval_dir(config.run_dir, last) / "summary.json").exists():  # eval.every may skip it
-        eval_flow(f"{config.run_dir}@{last}")
+    compared = max(i for i in range(limit) if RunLayout(config.run_dir).iteration_done(i).exists())
+    if budget_minutes is not None:
+        compared = at_budget(iteration_seconds(config.run_dir, compared + 1), budget_minutes * 60)
+    if compared != BASE and not (eval_dir(config.run_dir, compared) / "summary.json").exists():
+        eval_flow(f"{config.run_dir}@{compared}")  # eval.every may skip it
 
 
 def base_eval_kind(config: Config) -> int:
@@ -216,20 +223,22 @@ def write_comparison(
     folder: Path, name: str, runs: list[dict], arms: list[str], splits: list[str], budget_minutes: float | None = None
 ) -> tuple[list[Path], dict[str, float]]:
     """comparison.md, comparison.json and the figures from the runs so far; the table's numbers.
-    With a wall-time budget, each arm's minutes are set against it (`report.budget_numbers`)."""
+    With a wall-time budget, the table reads every run as it stood at the budget
+    (`report.cut_at_budget`); the figures show every iteration."""
     import pandas as pd
 
     frame = pd.DataFrame(runs, columns=["arm", "seed", "run_dir"])
     training, heldout = report.collect(frame)
     labels = {a: ARMS[a].label for a in arms}
-    table = report.comparison_table(labels, training, heldout, splits, budget_minutes)
+    at = report.cut_at_budget(training, heldout, budget_minutes) if budget_minutes else (training, heldout)
+    table = report.comparison_table(labels, *at, splits, budget_minutes)
     details = {
         "runs": ", ".join(Path(r["run_dir"]).name for r in runs),
         "spec": str(folder / "experiment.json"),
     }
     if budget_minutes is not None:
         details["budget"] = f"{budget_minutes:g} min of training steps per arm"
-    text = report.comparison_markdown(f"ablation {name}", details, table, heldout, splits)
+    text = report.comparison_markdown(f"ablation {name}", details, table, at[1], splits)
     write_text(text, folder / "comparison.md")
     write_text(table.to_json(orient="records", indent=2), folder / "comparison.json")
     figures = report.plot_figures(labels, training, heldout, splits, folder)
@@ -278,11 +287,13 @@ def _run_arms(
     rewrite the comparison after each. -> the comparison's files and numbers."""
     config_path, overrides, iterations, budget_minutes = spec
     uri, logger = base.mlflow_uri, get_run_logger()
+    # under a wall-time budget the compared checkpoint is often the one before the last
+    keep = ["run.keep_checkpoints=2"] if budget_minutes and (base.run.keep_checkpoints or 2) < 2 else []
     for seed in seeds:
         base_evals: dict[int, Path] = {}  # base_eval_kind -> the first such arm's evaluation
         for arm in arms:
             stopping.check()
-            run_overrides = arm_overrides(overrides, base, name, arm, seed)
+            run_overrides = arm_overrides(overrides, base, name, arm, seed) + keep
             config = load_config(config_path, run_overrides)
             runs.append({"arm": arm, "seed": seed, "run_dir": str(config.run_dir)})
             marker = folder / "arms" / f"{config.run.name}.done"

@@ -14,9 +14,10 @@ Numbers in the table, per arm:
   episodes where the evaluation judged them;
 - accepted tasks: `adapt/accepted_total` at the last iteration, mean over seeds;
 - training minutes: each seed's sum of the steps' own times (`reports.eval.step_seconds`) over
-  its iterations, and under a wall-time budget each seed's deviation from it, the arm flagged
-  when a seed is more than `BUDGET_TOLERANCE` off (under or over: an arm that stopped early had
-  less time, one whose first iteration alone overran had more).
+  its iterations. Under a wall-time budget every number is read at the budget (`cut_at_budget`):
+  each run's iterations that ended within it and its evaluation of the last of them, what the arm
+  had when its time was up; beside the minutes, each seed's minutes left in the iteration that was
+  unfinished then.
 An arm without an RM in the loop (the policy-only arm) has no RM measures: NaN, shown as n/a and
 neither drawn nor logged. The starting model's row takes each seed's evaluation from the first arm
 whose RM judged it, where one did.
@@ -47,7 +48,6 @@ from rlanything.reports.eval import auroc_text, eval_history, pct, step_seconds
 RM_ACCURACY = (names.RM_OUTCOME_ACCURACY, names.RM_OUTCOME_AUROC, names.RM_PROCESS_ACCURACY)  # rm_accuracy.png
 # Training metrics the comparison reads from iter_NNNN/summary.json (absent ones stay NaN).
 TRAINING_METRICS = (names.ACCURACY, *RM_ACCURACY, names.ADAPT_ACCEPTED_TOTAL)
-BUDGET_TOLERANCE = 0.05  # an arm's training minutes this far off a wall-time budget are flagged
 FIGURES = (
     "heldout_vs_iteration",
     "heldout_vs_wall_time",
@@ -100,9 +100,12 @@ def pooled_accuracy(last: pd.DataFrame, column: str = "strict_accuracy") -> dict
 
 
 def _last_eval(heldout: pd.DataFrame) -> pd.DataFrame:
-    """Each (arm, seed, split)'s row of its newest evaluated iteration."""
+    """Each (arm, seed, split)'s row of its newest evaluated iteration, or of its compared one
+    where the frame was `cut_at_budget`."""
     if heldout.empty:
         return heldout
+    if "compared" in heldout:
+        return heldout[heldout.compared]
     newest = heldout.groupby(["arm", "seed"]).iteration.transform("max")
     return heldout[heldout.iteration == newest]
 
@@ -121,15 +124,43 @@ def _base_eval(heldout: pd.DataFrame) -> pd.DataFrame:
     return base.drop_duplicates(["seed", "split"]).drop(columns="_judged")
 
 
-def budget_numbers(minutes: list[float], budget_minutes: float) -> dict:
-    """Each seed's training `minutes` against a wall-time budget: `budget_deviation`, minutes /
-    budget - 1 per seed, and `off_budget`, whether some seed is more than `BUDGET_TOLERANCE` off.
+def cut_at_budget(training: pd.DataFrame, heldout: pd.DataFrame, budget_minutes: float) -> tuple:
+    """(training, heldout) as each run stood when `budget_minutes` of training were up: its
+    iterations that ended within them, and its evaluations of the last of them and of its starting
+    model (the only one compared when no iteration ended within them; `flows.experiment.at_budget`
+    decides alike). A run whose compared iteration has no evaluation has no held-out numbers: no
+    older evaluation stands in for it. `compared` marks the evaluations compared.
 
-    >>> [budget_numbers(minutes, 8.0)["off_budget"] for minutes in ([8.0, 8.3], [7.5, 8.0], [8.5])]
-    [False, True, True]
+    >>> t = pd.DataFrame({"arm": "a", "seed": 0, "iteration": [0, 1, 2], "wall_time_s": [50.0, 100.0, 160.0]})
+    >>> h = pd.DataFrame({"arm": "a", "seed": 0, "iteration": [-1, 1, 2]})
+    >>> [f.iteration.tolist() for f in cut_at_budget(t, h, 2.0)], cut_at_budget(t, h, 2.0)[1].compared.tolist()
+    ([[0, 1], [-1, 1]], [False, True])
+    >>> [f.iteration.tolist() for f in cut_at_budget(t, h, 0.5)]
+    [[-1], [-1]]
     """
-    deviation = [m / budget_minutes - 1 for m in minutes]
-    return {"budget_deviation": deviation, "off_budget": any(abs(d) > BUDGET_TOLERANCE for d in deviation)}
+    if training.empty:
+        return training, heldout
+    runs = training[["arm", "seed"]].drop_duplicates()
+    training = training[training.wall_time_s <= budget_minutes * 60]
+    at = training.groupby(["arm", "seed"]).iteration.max().to_dict()
+    # a run none of whose iterations ended within the budget stands at its start: iteration -1, 0 s
+    start = runs[[(a, s) not in at for a, s in zip(runs.arm, runs.seed)]].assign(iteration=-1, wall_time_s=0.0)
+    training = pd.concat([training, start], ignore_index=True) if len(start) else training
+    if heldout.empty:
+        return training, heldout
+    compared = heldout.iteration == [at.get((arm, seed), -1) for arm, seed in zip(heldout.arm, heldout.seed)]
+    heldout = heldout.assign(compared=compared)  # read by `_last_eval`; the starts stay for the base row
+    return training, heldout[heldout.compared | (heldout.iteration < 0)]
+
+
+def budget_numbers(minutes: list[float], budget_minutes: float) -> dict:
+    """`budget_left`: for each seed's training `minutes` up to its compared checkpoint, the
+    minutes of a wall-time budget its unfinished iteration had run when the budget was up.
+
+    >>> budget_numbers([7.5, 8.0], 8.0)
+    {'budget_left': [0.5, 0.0]}
+    """
+    return {"budget_left": [budget_minutes - m for m in minutes]}
 
 
 def comparison_table(
@@ -142,13 +173,14 @@ def comparison_table(
     """One row for the starting model (arm "base": its evaluation, once per seed), then one per
     arm (in `arms` order; `arms`: name -> label) with the numbers of the module docstring;
     `strict_<split>`, `accuracy_<split>` are pooled dicts (`pooled_accuracy`), `training_min_seeds`
-    each seed's minutes (seed order), and with `budget_minutes` the `budget_numbers` columns."""
+    each seed's minutes (seed order), and with `budget_minutes` the `budget_numbers` column (the
+    frames already `cut_at_budget`)."""
     last, base = _last_eval(heldout), _base_eval(heldout)
     rows = [{"arm": BASE_ROW[0], "label": BASE_ROW[1], "seeds": int(base.seed.nunique()) if len(base) else 0}]
     rows[0] |= {"iterations": 0, "training_min": 0.0, "training_min_seeds": [], **_heldout_numbers(base, splits)}
     rows[0] |= {metric: math.nan for metric in TRAINING_METRICS[1:]}
     if budget_minutes is not None:
-        rows[0] |= {"budget_deviation": None, "off_budget": None}  # nothing trained
+        rows[0] |= {"budget_left": None}  # nothing trained
     for arm, label in arms.items():
         train = training[training.arm == arm] if len(training) else training
         final = train[train.iteration == train.groupby("seed").iteration.transform("max")] if len(train) else train
@@ -197,23 +229,21 @@ def _minutes(row: dict) -> str:
 
 
 def _budget(row: dict) -> str:
-    """Each seed's deviation from the budget, "**off**: +29.9%, +26.3%" where one is more than
-    `BUDGET_TOLERANCE` off."""
-    if not row["budget_deviation"]:
+    """Each seed's minutes left in its unfinished iteration at the budget, "1.20, 0.35"."""
+    if not row["budget_left"]:
         return "n/a"
-    text = ", ".join(f"{100 * d:+.1f}%" for d in row["budget_deviation"])
-    return f"**off**: {text}" if row["off_budget"] else text
+    return ", ".join(f"{m:.2f}" for m in row["budget_left"])
 
 
 def comparison_markdown(
     title: str, details: dict[str, str], table: pd.DataFrame, heldout: pd.DataFrame, splits: list[str]
 ) -> str:
     """comparison.md: the main table, then every seed's last held-out evaluation. A table with a
-    wall-time budget's columns (`budget_numbers`) gets a "vs budget" column after the minutes."""
-    budget = "off_budget" in table
+    wall-time budget's column (`budget_numbers`) gets it after the minutes."""
+    budget = "budget_left" in table
     lines = [f"# {title}", "", *[f"- {k}: {v}" for k, v in details.items()], ""]
     head = ["arm", "seeds", "iterations", "training min (per seed)"]
-    head += [f"vs budget (**off**: > {BUDGET_TOLERANCE:.0%})"] if budget else []
+    head += ["min unfinished at the budget (per seed)"] if budget else []
     head += [f"held-out {s} strict [95% CI]" for s in splits] + [f"held-out {s} with fallback" for s in splits]
     head += ["RM outcome acc (train)", "RM outcome AUROC (train)", "RM process acc (train)"]
     head += [f"RM outcome acc (held-out {s})" for s in splits]
@@ -237,8 +267,9 @@ def comparison_markdown(
         "process accuracy). Training min: each seed's steps' own times summed over its iterations "
         "(evaluations and resume gaps excluded)."
         + (
-            " vs budget: each seed's minutes against the wall-time budget, **off** where one is more "
-            f"than {BUDGET_TOLERANCE:.0%} under or over it."
+            " Under the wall-time budget every number is the arm's when its minutes were up: its last "
+            "iteration that ended within them (training min, held-out, RM), and the minutes its next "
+            "iteration had run by then (unfinished at the budget)."
             if budget
             else ""
         ),

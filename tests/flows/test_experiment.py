@@ -25,16 +25,17 @@ from mlflow.tracking import MlflowClient
 from test_resume import REPO, TINY, cli, cli_command, cli_options, finish  # helpers of the resume tests
 
 from rlanything.config import load_config
+from rlanything.flows.evaluation import BASE, eval_dir
 from rlanything.flows.experiment import (
     ARMS,
     NO_RM,
     PARENT_TAG,
     ablation_flow,
     arm_overrides,
+    at_budget,
     base_eval_kind,
     iteration_seconds,
     next_fits,
-    predicted_iteration,
 )
 from rlanything.reports.experiment import FIGURES
 from rlanything.storage.layout import RunLayout
@@ -152,23 +153,23 @@ def test_arm_overrides_leave_a_judging_rm_out_of_the_policy_only_arm():
         assert base_eval_kind(load_config(str(REPO / "configs" / "tiny-coding.yaml"), tests)) == 0
 
 
-def test_next_fits_starts_an_iteration_while_its_predicted_end_is_nearer_the_budget():
+def test_an_arm_trains_until_its_minutes_are_up_and_is_compared_at_its_checkpoint_then():
     assert next_fits([], 1.0)  # nothing measured: the first iteration always runs
-    assert next_fits([30.0], 45.0) and not next_fits([30.0], 44.9)  # 30 so far + 30 / 2
-    # 300 + 40 + 60 + 20 = 420 so far; the median of the last three (40, 60, 20) is 40, not the
-    # longest (300): the next would end near 460, no farther from a budget of 440 than 420 is
-    assert predicted_iteration([300.0, 40.0, 60.0, 20.0]) == 40.0
-    assert next_fits([300.0, 40.0, 60.0, 20.0], 440.0) and not next_fits([300.0, 40.0, 60.0, 20.0], 439.9)
+    assert next_fits([30.0], 30.1) and not next_fits([30.0], 30.0)  # under the budget: one more
+    # iterations ending at 30, 70 and 120 s: at 120 s the third had ended, at 119.9 s it had not
+    assert at_budget([30.0, 40.0, 50.0], 120.0) == 2 and at_budget([30.0, 40.0, 50.0], 119.9) == 1
+    assert at_budget([11.0], 10.0) == at_budget([], 10.0) == BASE  # the first ran past: the start
 
 
 def test_a_wall_time_budget_holds_when_an_experiment_is_extended_to_it(prefect_server, small_overrides, tmp_path):
     """One iteration per arm measures each arm's iteration; the same experiment extended to a
-    budget of 2.5 such iterations of the slower arm must run every arm on (at least one more
-    after its first), start each iteration only while its predicted end is nearer the budget than
-    stopping, and stop when the next one's is not. The oldest rule (train while under the budget)
-    starts iterations whose predicted end lies further past the budget than the arm is short of it."""
+    budget of 2.5 such iterations of the slower arm must run every arm on while its training is
+    under the budget (so its last iteration ends past it), evaluate the iteration that had ended
+    when the budget was up, and compare the arm there: its minutes, its held-out numbers. The
+    rules before this one stopped on a predicted iteration length and ended arms up to half an
+    iteration over or a whole one short of the budget."""
     arms, name = ["policy-only", "plus-rm"], "budget"
-    sets = [f"run.root={tmp_path}", "eval.problems=2", "eval.every=100", *small_overrides]  # evaluate the last only
+    sets = [f"run.root={tmp_path}", "eval.problems=2", "eval.every=100", "run.keep_checkpoints=1", *small_overrides]
     ablation_flow(TINY, name, sets, seeds=1, iterations=1, arms=arms)
     first = {arm: iteration_seconds(tmp_path / f"{name}-{arm}-s0", 1) for arm in arms}
     budget_s = 2.5 * max(t for times in first.values() for t in times)
@@ -182,12 +183,15 @@ def test_a_wall_time_budget_holds_when_an_experiment_is_extended_to_it(prefect_s
         count = len(list(run.glob("iter_*/summary.json")))
         seconds = iteration_seconds(run, count)
         assert seconds[:1] == first[arm] and count >= 2, (arm, seconds)  # extended: iteration 0 kept
-        for k in range(1, count):  # each started iteration: its predicted end nearer the budget than k's
-            assert sum(seconds[:k]) + predicted_iteration(seconds[:k]) / 2 <= budget_s, (arm, k, seconds, budget_s)
-        stop = sum(seconds) + predicted_iteration(seconds) / 2
-        assert stop > budget_s, (arm, seconds, budget_s)  # another would have ended further from it
-        minutes = sum(seconds) / 60
+        assert all(sum(seconds[:k]) < budget_s for k in range(1, count)), (arm, seconds, budget_s)
+        assert sum(seconds) >= budget_s, (arm, seconds, budget_s)  # it trained until the budget was up
+        compared = at_budget(seconds, budget_s)
+        assert compared == max(k for k in range(count) if sum(seconds[: k + 1]) <= budget_s)
+        # the compared checkpoint outlived the iteration after it (keep_checkpoints raised to 2): evaluated
+        assert (eval_dir(run, compared) / "summary.json").exists()
+        assert load_config(str(run / "config.yaml")).run.keep_checkpoints == 2
+        minutes = sum(seconds[: compared + 1]) / 60
         assert records[arm]["training_min_seeds"] == pytest.approx([minutes])
-        assert records[arm]["off_budget"] == (abs(minutes * 60 / budget_s - 1) > 0.05)
-        assert records[arm]["budget_deviation"] == pytest.approx([minutes * 60 / budget_s - 1])
-        assert f"| {ARMS[arm].label} | 1 | {count} | {minutes:.2f} |" in table
+        assert records[arm]["budget_left"] == pytest.approx([budget_s / 60 - minutes])
+        assert f"| {ARMS[arm].label} | 1 | {compared + 1} | {minutes:.2f} |" in table
+        assert f"| {arm} | 0 | {compared} | in_domain |" in table  # its held-out row: the compared iteration

@@ -109,7 +109,7 @@ def test_comparison_table_by_hand(runs):
 
     text = report.comparison_markdown("ablation t", {}, table.reset_index(), heldout, ["in_domain"])
     assert "| +RM | 2 | 2 | 3.00, 3.00 | 60.0% [38.7%, 78.1%] (n=20) |" in text  # 90 s + 90 s per seed
-    assert "vs budget" not in text and "off_budget" not in table  # no wall-time budget: no flag
+    assert "unfinished at the budget" not in text and "budget_left" not in table  # no wall-time budget
     assert "| 0.70 | 0.90 | n/a |" in text  # RM outcome acc, AUROC, process acc (not measured)
     po_row = next(line for line in text.splitlines() if line.startswith("| policy only |"))
     assert po_row.endswith("| n/a | n/a | n/a | n/a | n/a | n/a |")  # RM train x3, held-out acc, AUROC, accepted
@@ -127,29 +127,59 @@ def test_comparison_table_by_hand(runs):
     assert not [k for k in metrics if k.startswith("policy-only/rm_")]  # NaN: not logged (MLflow takes numbers)
 
 
-def test_an_arm_more_than_5_percent_off_the_budget_is_flagged():
-    # each seed's last iteration ends at its training seconds; an 8-minute budget
-    rows = [("policy-only", 0, 0, 240.0), ("policy-only", 0, 1, 480.0), ("policy-only", 1, 0, 500.0)]
-    rows += [("plus-rm", 0, 0, 200.0), ("plus-rm", 0, 1, 444.0), ("plus-rm", 1, 0, 480.0)]
+def test_under_a_wall_time_budget_every_arm_is_read_as_it_stood_when_its_minutes_were_up():
+    # iterations end at these training seconds; an 8-minute (480 s) budget
+    rows = [("policy-only", 0, 0, 240.0), ("policy-only", 0, 1, 480.0), ("policy-only", 0, 2, 700.0)]
+    rows += [("policy-only", 1, 0, 500.0)]  # seed 1's first iteration alone ran past it
+    rows += [("plus-rm", 0, 0, 200.0), ("plus-rm", 0, 1, 444.0), ("plus-rm", 0, 2, 600.0)]
+    rows += [("plus-rm", 1, 0, 300.0), ("plus-rm", 1, 1, 481.0)]
     training = pd.DataFrame(rows, columns=["arm", "seed", "iteration", "wall_time_s"])
     training = training.assign(**{metric: math.nan for metric in report.TRAINING_METRICS})
-    table = report.comparison_table(ARMS, training, pd.DataFrame(), [], budget_minutes=8.0)
-    po, rm, base = (table.set_index("arm").loc[arm] for arm in ("policy-only", "plus-rm", "base"))
-    # policy-only: 8.00 and 8.33 min, +0 % and +4.2 % (500 / 480 - 1 = 1/24): within 5 %
-    assert po.training_min_seeds == pytest.approx([8.0, 500 / 60]) and not po.off_budget
-    assert po.budget_deviation == pytest.approx([0.0, 1 / 24])
-    # +RM: seed 0 had 7.40 min, -7.5 % (under is off too); seed 1 8.00
-    assert rm.training_min_seeds == pytest.approx([7.4, 8.0]) and rm.off_budget
-    assert rm.budget_deviation == pytest.approx([-0.075, 0.0])
-    assert base.off_budget is None and base.training_min_seeds == []
+    compared_rows = [(0, 1), (1, 0)]  # +RM's iterations at the budget: their RM measures are read
+    for seed, it in compared_rows:
+        training.loc[
+            (training.arm == "plus-rm") & (training.seed == seed) & (training.iteration == it), "rm/outcome_accuracy"
+        ] = 0.6 + 0.2 * seed
+    training.loc[(training.arm == "plus-rm") & (training.iteration == 2), "rm/outcome_accuracy"] = 0.0  # past it
+    evals = [("policy-only", 0, it, 0.1 * (it + 2)) for it in (-1, 1, 2)] + [("policy-only", 1, -1, 0.1)]
+    evals += [("plus-rm", 0, it, 0.1 * (it + 5)) for it in (-1, 0, 2)]  # its iteration 1 was not evaluated
+    evals += [("plus-rm", 1, it, 0.1 * (it + 5)) for it in (-1, 0, 1)]
+    heldout = pd.DataFrame(evals, columns=["arm", "seed", "iteration", "strict_accuracy"])
+    heldout = heldout.assign(split="in_domain", n=10, accuracy=heldout.strict_accuracy)
+    heldout = heldout.assign(strict_ci_low=0.0, strict_ci_high=1.0, ci_low=0.0, ci_high=1.0)
 
-    text = report.comparison_markdown("ablation t", {}, table, pd.DataFrame(), [])
-    assert "| arm | seeds | iterations | training min (per seed) | vs budget (**off**: > 5%) |" in text
-    assert "| policy only | 2 | 2 | 8.00, 8.33 | +0.0%, +4.2% |" in text
-    assert "| +RM | 2 | 2 | 7.40, 8.00 | **off**: -7.5%, +0.0% |" in text
-    assert "| starting model (before training) | 0 | 0 | 0.00 | n/a |" in text
+    cut_training, cut_heldout = report.cut_at_budget(training, heldout, 8.0)
+    # what ended within 480 s: policy-only s0 0-1, s1 nothing; +RM s0 0-1, s1 0 (1 ended at 481 s)
+    kept = cut_training.groupby(["arm", "seed"]).iteration.max().to_dict()
+    assert kept == {("plus-rm", 0): 1, ("plus-rm", 1): 0, ("policy-only", 0): 1, ("policy-only", 1): -1}
+    # evaluations: the compared iteration's (the start for policy-only s1), and each start; +RM
+    # seed 0's iteration 1 has none, and its older evaluation of iteration 0 does not stand in
+    compared = cut_heldout[cut_heldout.iteration >= 0].groupby(["arm", "seed"]).iteration.max().to_dict()
+    assert compared == {("plus-rm", 1): 0, ("policy-only", 0): 1}
+    assert len(cut_heldout[cut_heldout.iteration < 0]) == 4
+
+    table = report.comparison_table(ARMS, cut_training, cut_heldout, ["in_domain"], budget_minutes=8.0)
+    po, rm, base = (table.set_index("arm").loc[arm] for arm in ("policy-only", "plus-rm", "base"))
+    assert po.training_min_seeds == pytest.approx([8.0, 0.0]) and po.budget_left == pytest.approx([0.0, 8.0])
+    assert (po.seeds, po.iterations, rm.iterations) == (2, 2, 2)  # the most iterations any seed had
+    assert rm.training_min_seeds == pytest.approx([7.4, 5.0]) and rm.budget_left == pytest.approx([0.6, 3.0])
+    assert base.budget_left is None and base.training_min_seeds == []
+    # held out: policy-only s0 at iteration 1 (0.3) and s1 at its start (0.1 * 1 = 0.1): 4 of 20
+    assert (po.strict_in_domain["successes"], po.strict_in_domain["n"]) == (4, 20)
+    assert (rm.strict_in_domain["successes"], rm.strict_in_domain["n"]) == (5, 10)  # s1 at iteration 0; s0 has none
+    assert rm["rm/outcome_accuracy"] == pytest.approx(0.7)  # (0.6 + 0.8) / 2, not iteration 2's 0.0
+
+    text = report.comparison_markdown("ablation t", {}, table, cut_heldout, ["in_domain"])
+    assert "| arm | seeds | iterations | training min (per seed) | min unfinished at the budget (per seed) |" in text
+    assert "| +RM | 2 | 2 | 7.40, 5.00 | 0.60, 3.00 |" in text
+    assert "| policy only | 2 | 2 | 8.00, 0.00 | 0.00, 8.00 |" in text
+    assert "| starting model (before training) | 2 | 0 | 0.00 | n/a |" in text
+    seeds = [line.split(" | ")[:3] for line in text.splitlines() if line.startswith("| policy-only |")]
+    assert seeds == [["| policy-only", "0", "1"], ["| policy-only", "1", "-1"]]
     record = json.loads(table.to_json(orient="records"))[2]
-    assert record["off_budget"] is True and record["training_min_seeds"] == pytest.approx([7.4, 8.0])
+    assert record["budget_left"] == pytest.approx([0.6, 3.0]) and record["training_min_seeds"] == pytest.approx(
+        [7.4, 5.0]
+    )
 
 
 def test_figures_draw_each_arm_where_it_was_measured(runs, tmp_path):
