@@ -151,7 +151,7 @@ def next_fits(seconds: list[float], budget_s: float) -> bool:
     The rules before this one stopped on a prediction (training so far plus the longest finished
     iteration, later plus half the median of the last three), so an arm whose iterations were long
     or uneven ended a whole iteration short or half of one over: a +RM arm on text games, with
-    iterations of 28-42% of an 18-minute budget, ended 15% short to 12% over it. Why not stop a
+    iterations of 28-42% of an 18-minute budget, ended up to 19% short or 12% over it. Why not stop a
     running iteration at the budget instead: its work would be lost, the run left with half an
     iteration, and where it stopped would depend on the clock, not on recorded times.
 
