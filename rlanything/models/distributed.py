@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -56,6 +58,8 @@ from rlanything.models.trainer import (
     ppo_update,
     with_anchor_logprobs,
 )
+
+log = logging.getLogger(__name__)
 
 DEEPSPEED_STATE = "deepspeed_state"
 
@@ -310,17 +314,49 @@ def read_job(path: Path) -> tuple[UpdateJob, list[Sample]]:
     return job, samples
 
 
-def launch_update(job: UpdateJob, samples: list[Sample], launch: list[str], job_path: Path) -> list[dict]:
+# A torch extension (DeepSpeed JIT-builds its CPU shared-memory all-reduce op in every process)
+# builds in ~40 s on 2 cores; a lock this old was left by a killed build, not held by a live one.
+STALE_BUILD_LOCK_S = 1800.0
+
+
+def clear_stale_build_locks(max_age_s: float = STALE_BUILD_LOCK_S) -> list[Path]:
+    """Remove torch extension build locks older than max_age_s; -> the ones removed.
+
+    torch.utils.cpp_extension builds an op under `<root>/<py_accel>/<name>/` while holding the
+    file `lock` there, and every other process waits for that file to go. A build killed
+    mid-way (Ctrl-C, a timeout) leaves it behind, and each later DeepSpeed launch then waits on
+    it forever. Younger locks are kept (a build may be running) and logged.
+    """
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    removed = []
+    for lock in [*root.glob("*/lock"), *root.glob("*/*/lock")]:
+        age = time.time() - lock.stat().st_mtime
+        if age > max_age_s:
+            lock.unlink(missing_ok=True)
+            removed.append(lock)
+            log.warning("removed a stale torch extension build lock (%.0f s old): %s", age, lock)
+        else:
+            log.warning("a torch extension build lock exists (%.0f s old): %s; the launch waits for it", age, lock)
+    return removed
+
+
+def launch_update(
+    job: UpdateJob, samples: list[Sample], launch: list[str], job_path: Path, timeout_s: float | None = None
+) -> list[dict]:
     """Run the job as `<launch...> -m rlanything.models.distributed <job_path>`; -> its history.
 
-    The launcher's output goes to <job_path>.log; a non-zero exit raises with its tail.
+    The launcher's output goes to <job_path>.log; a non-zero exit, or a launch still running
+    after timeout_s, raises with its tail.
     """
+    clear_stale_build_locks()
     write_job(job, samples, job_path)
     history_path = Path(f"{job_path}.history.json")
     history_path.unlink(missing_ok=True)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    log = Path(f"{job_path}.log")
-    with open(log, "w") as out:
+    log_path = Path(f"{job_path}.log")
+    with open(log_path, "w") as out:
         # Its own process group (the launcher and its workers), killed with this process even on SIGKILL.
         proc = procs.spawn(
             [*launch, "-m", "rlanything.models.distributed", str(job_path)],
@@ -328,13 +364,17 @@ def launch_update(job: UpdateJob, samples: list[Sample], launch: list[str], job_
             stderr=subprocess.STDOUT,
             env=env,
         )
+        timed_out = False
         try:
-            proc.wait()
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
         finally:
-            procs.stop_popen(proc)  # interrupted, or workers left behind by the launcher
+            procs.stop_popen(proc)  # interrupted, timed out, or workers left behind by the launcher
     if proc.returncode != 0 or not history_path.exists():
-        tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
-        raise RuntimeError(f"update launcher failed (exit {proc.returncode}); see {log}:\n{tail}")
+        tail = "".join(log_path.read_text().splitlines(keepends=True)[-40:])
+        how = f"still running after {timeout_s:.0f} s, stopped" if timed_out else f"exit {proc.returncode}"
+        raise RuntimeError(f"update launcher failed ({how}); see {log_path}:\n{tail}")
     return json.loads(history_path.read_text())
 
 

@@ -168,6 +168,14 @@ class VllmServer:
 _SERVERS: dict[tuple, VllmServer] = {}
 
 
+def close_servers() -> None:
+    """Stop every server `shared_server` started in this process (each is also stopped at exit):
+    for a process that goes on after its runs, such as a notebook or a test session."""
+    for server in _SERVERS.values():
+        server.close()
+    _SERVERS.clear()
+
+
 def shared_server(role: str, config, model_dir: Path, dtype: str, log_path: Path | None = None) -> VllmServer:
     """The process-wide server of `role` ("policy", "rm"), started once and then reloaded."""
     key = (role, config.model_dump_json(), dtype)

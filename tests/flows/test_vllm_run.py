@@ -44,7 +44,11 @@ def run(prefect_server, tmp_path_factory):
         "policy.precision=fp32",
         "policy.optim.lr=0.01",  # a clearly different checkpoint after iteration 0
     ]
-    return train_flow(str(REPO / "configs" / "tiny.yaml"), overrides), model
+    yield train_flow(str(REPO / "configs" / "tiny.yaml"), overrides), model
+    # the run's servers live as long as this process (a run's steps share them): not the suite's
+    from rlanything.models.vllm_engine import close_servers
+
+    close_servers()
 
 
 def test_rollouts_after_an_update_come_from_the_new_weights(run):

@@ -1,12 +1,22 @@
 """The update under accelerate (and DeepSpeed ZeRO-2 on 2 CPU processes) equals the plain one."""
 
 import importlib.util
+import os
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from rlanything.config import ConfigError, LoraConfig, build_config
-from rlanything.models.distributed import UpdateJob, launch_update, read_job, run_update, write_job
+from rlanything.models.distributed import (
+    UpdateJob,
+    clear_stale_build_locks,
+    launch_update,
+    read_job,
+    run_update,
+    write_job,
+)
 from rlanything.models.engine import TransformersEngine
 from rlanything.models.loading import load_model
 from rlanything.models.prompts import policy_messages, render
@@ -111,6 +121,28 @@ def test_train_config():
         build_config({"train": {"launch": ["accelerate", "launch"]}})
 
 
+def test_a_launch_still_running_after_its_timeout_is_stopped_and_raises(samples, tmp_path):
+    started = time.monotonic()
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with pytest.raises(RuntimeError, match="still running after 1 s, stopped"):
+        launch_update(job(tmp_path, tmp_path / "out"), samples, sleeper, tmp_path / "j.json", timeout_s=1)
+    assert time.monotonic() - started < 30
+
+
+def test_only_stale_build_locks_are_removed(tmp_path, monkeypatch):
+    """A killed torch extension build leaves `<root>/<name>/lock`, on which every later DeepSpeed
+    launch waits forever (CI hung so, on a lock from a stopped run); a young one may be live."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    old, young = tmp_path / "deepspeed_shm_comm" / "lock", tmp_path / "cpu_adam" / "lock"
+    for lock in (old, young):
+        lock.parent.mkdir()
+        lock.touch()
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    assert clear_stale_build_locks() == [old]
+    assert not old.exists() and young.exists()
+    assert old.parent.is_dir()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (pip install '.[deepspeed]')"
@@ -121,14 +153,17 @@ def test_deepspeed_zero2_on_two_cpu_processes_equals_torch(tiny_model_path, samp
     saved in the checkpoint resumes in the next update like optimizer.pt does (~1.5 min)."""
     launch = ["accelerate", "launch", "--config_file", str(REPO / "configs/accelerate/cpu_deepspeed_zero2.yaml")]
     plain = run_update(job(tiny_model_path, tmp_path / "t1"), samples, backend="torch")
-    ds = launch_update(job(tiny_model_path, tmp_path / "d1"), samples, launch, tmp_path / "jobs" / "d1.json")
+    # A hang (e.g. a torch extension build lock nobody releases) fails here, not at CI's limit.
+    ds = launch_update(job(tiny_model_path, tmp_path / "d1"), samples, launch, tmp_path / "jobs" / "d1.json", 900)
     assert "DEEPSPEED on cpu, process 1/2" in (tmp_path / "jobs" / "d1.json.log").read_text()
     assert_same_history(plain, ds)
     assert_same_weights(tmp_path / "t1", tmp_path / "d1")
     assert (tmp_path / "d1" / "deepspeed_state" / "world_2").exists()
     # Second iteration: each continues from its own checkpoint (optimizer.pt vs ZeRO state).
     plain = run_update(job(tmp_path / "t1", tmp_path / "t2", seed=1), samples, backend="torch")
-    ds = launch_update(job(tmp_path / "d1", tmp_path / "d2", seed=1), samples, launch, tmp_path / "jobs" / "d2.json")
+    ds = launch_update(
+        job(tmp_path / "d1", tmp_path / "d2", seed=1), samples, launch, tmp_path / "jobs" / "d2.json", 900
+    )
     assert_same_history(plain, ds)
     assert_same_weights(tmp_path / "t2", tmp_path / "d2")
 
