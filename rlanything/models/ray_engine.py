@@ -40,6 +40,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +55,8 @@ from rlanything.models.loading import load_tokenizer
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 10  # a head that does not accept a connection in this long counts as unreachable
+CLIENT_INIT_TRIES = 3  # a Ray Client server's failed session start, asked again (see connect)
+CLIENT_RETRY_S = 5.0
 MAX_RERUNS = 2  # a shard that killed this many workers in a row fails the step
 _state: dict[str, Any] = {"workers": [], "kill_next": False}  # this process's actors and fault flag
 
@@ -64,20 +67,49 @@ class ClusterUnreachable(ConfigError):
 
 def connect(address: str) -> None:
     """Join the Ray cluster at `address` once per process -> ClusterUnreachable, one line naming
-    the address, when there is none (Ray's own error is a long traceback)."""
+    the address, when there is none (Ray's own error is a long traceback).
+
+    A Ray Client server (`ray://`) that answers but fails to start this driver's session is asked
+    again, CLIENT_INIT_TRIES times in all, each failure logged with the server's reason. It forks
+    a server process per driver, which now and then dies at start (a gRPC fork race in Ray's
+    proxy, ray-project/ray#63202: seen here on 1 of 4 connects, and once in CI), or misses the
+    30 s it is given to answer on a loaded head."""
     import ray
 
     if ray.is_initialized():
         return
-    try:
-        _probe(address)  # ray.init retries an absent head for minutes before it raises
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-    except Exception as err:  # ConnectionError, OSError, a timeout, depending on the address's form
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    for attempt in range(1, CLIENT_INIT_TRIES + 1):
+        try:
+            _probe(address)  # ray.init retries an absent head for minutes before it raises
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+            return
+        except ConnectionAbortedError as err:  # Ray Client: "Initialization failure from server:\n<why>"
+            reason = _server_reason(err)
+            if attempt < CLIENT_INIT_TRIES:
+                log.warning(
+                    "the Ray Client server at %s failed to start a session for this process (try %d of %d): "
+                    "%s; asking again in %.0f s",
+                    address,
+                    attempt,
+                    CLIENT_INIT_TRIES,
+                    reason,
+                    CLIENT_RETRY_S,
+                )
+                time.sleep(CLIENT_RETRY_S)
+                continue
+            reason = f"its Ray Client server failed {attempt} times to start a session: {reason}"
+        except Exception as err:  # ConnectionError, OSError, a timeout, depending on the address's form
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ClusterUnreachable(
-            f"no Ray cluster reachable at run.ray_address={address!r} ({reason[:200]}); start one "
+            f"no Ray cluster reachable at run.ray_address={address!r} ({reason[:300]}); start one "
             "with `ray start --head` or fix the address (docs/scaling.md)"
         ) from None
+
+
+def _server_reason(err: Exception) -> str:
+    """The last line of a Ray Client server's answer (its traceback's exception), or the first."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if len(lines) > 1 else (lines[0] if lines else type(err).__name__)
 
 
 def _probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
