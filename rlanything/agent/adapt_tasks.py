@@ -23,7 +23,7 @@ import pandas as pd
 from rlanything.algo.curriculum import adaptation_direction, judge_rewrite, task_accuracy
 from rlanything.models.engine_factory import make_engine
 from rlanything.models.loading import resolve_model_path
-from rlanything.models.rewriters import ModelRewriter, RuleRewriter, extractive_summary, failed_steps
+from rlanything.models.rewriters import ModelRewriter, RuleFailure, RuleRewriter, extractive_summary, failed_steps
 from rlanything.seeding import derive_seed
 from rlanything.storage.buffer import add_pending, settle_pending
 
@@ -32,6 +32,9 @@ def first_valid(env_cls, env_config, spec: dict, answers: list[str]) -> tuple[di
     """-> (new spec or None, the answer it came from (or the last), the errors of the rest)."""
     errors = []
     for text in answers:
+        if isinstance(text, RuleFailure):  # the rule's own reason, not "no \\boxed" about its text
+            errors.append(text.reason[:300])
+            continue
         try:
             new = env_cls.parse_rewrite(spec, text)
             env_cls.validate_spec(env_config, new)

@@ -101,9 +101,19 @@ class ModelRewriter:
         return [texts[k * attempts : (k + 1) * attempts] for k in range(len(requests))]
 
 
+class RuleFailure(str):
+    """The text of a rule rewrite that could not be made ("(no rule rewrite: <why>)"); its
+    `reason` is recorded as the attempt's error, not the parse error its text would give."""
+
+    def __new__(cls, reason: str):
+        text = super().__new__(cls, f"(no rule rewrite: {reason})")
+        text.reason = reason
+        return text
+
+
 class RuleRewriter:
-    """The environment's deterministic rewrite; an error becomes the attempt's text (and so a
-    recorded, rejected candidate)."""
+    """The environment's deterministic rewrite; an error becomes the attempt's text, a
+    `RuleFailure` (and so a recorded, rejected candidate whose reason is the rule's)."""
 
     def __init__(self, env_cls):
         self.env_cls = env_cls
@@ -114,5 +124,5 @@ class RuleRewriter:
             try:
                 out.append([self.env_cls.rule_rewrite(r["spec"], r["direction"])])
             except ValueError as err:
-                out.append([f"(no rule rewrite: {err})"])
+                out.append([RuleFailure(str(err))])
         return out

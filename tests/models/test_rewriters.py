@@ -66,7 +66,9 @@ def test_rule_rewriter_goes_through_the_same_validation():
     assert new["config"] == {"min_terms": 1, "max_terms": 1, "min_digits": 1, "max_digits": 1}
     [[floor]] = RuleRewriter(ReasoningGymEnv).propose([{"spec": new, "direction": "easier"}], 3, seed=0)
     assert floor.startswith("(no rule rewrite: no integer max_* knob")
-    assert first_valid(ReasoningGymEnv, ENV, new, [floor])[0] is None
+    none, text, errors = first_valid(ReasoningGymEnv, ENV, new, [floor])
+    assert none is None and text == floor  # recorded with the rule's reason, not the parse error of its text
+    assert errors == [floor.strip("()").removeprefix("no rule rewrite: ")] and "boxed" not in errors[0]
 
 
 def test_model_rewriter_answers_every_attempt(tiny_model_path, tiny_tokenizer):
