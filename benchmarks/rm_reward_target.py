@@ -27,7 +27,7 @@ import pandas as pd
 
 from rlanything.agent.eval_judge import held_out_labels
 from rlanything.algo.metrics import wilson_interval
-from rlanything.algo.rm_accuracy import consistency_target, rule_order_auroc
+from rlanything.algo.rm_accuracy import auroc, auroc_interval, consistency_target, prefix_credit, rule_order_auroc
 from rlanything.config import load_config
 from rlanything.storage.artifacts import read_artifact
 from rlanything.storage.layout import RunLayout
@@ -36,7 +36,8 @@ from rlanything.storage.schemas import EVAL_EPISODES, EVAL_STEP_LABELS
 
 
 def training_steps(run_dir: Path, iterations: range | None) -> pd.DataFrame:
-    """Labelled steps of a run's training rollouts: outcome, label, rule, last, mixed, iteration."""
+    """Labelled steps of a run's training rollouts: outcome, label, rule, action, last, mixed,
+    iteration, and `credit` (`prefix_credit` within each iteration's task groups)."""
     layout, frames = RunLayout(run_dir), []
     done = sorted(int(p.name.split("_")[1]) for p in run_dir.glob("iter_*") if (p / "step_labels.parquet").exists())
     for it in [i for i in done if iterations is None or i in iterations]:
@@ -46,9 +47,13 @@ def training_steps(run_dir: Path, iterations: range | None) -> pd.DataFrame:
         labels = read_artifact(layout, it, "step_labels").merge(
             outcomes[["traj_id", "outcome", "num_steps"]], on="traj_id"
         )
+        actions = read_artifact(layout, it, "rollouts")[["traj_id", "step_idx", "action"]]
+        labels = labels.merge(actions, on=["traj_id", "step_idx"])
         labels["last"] = labels["step_idx"] == labels["num_steps"] - 1
         labels["mixed"] = labels["task_id"].map(won).between(0, 1, inclusive="neither")
-        frames.append(labels.assign(iteration=it))
+        key = labels["task_id"].astype(str)
+        credit = prefix_credit(key, labels["traj_id"], labels["step_idx"], labels["action"], labels["outcome"])
+        frames.append(labels.assign(iteration=it, credit=credit))
     if not frames:
         sys.exit(f"{run_dir}: no iteration with step labels")
     return pd.concat(frames, ignore_index=True)
@@ -95,6 +100,13 @@ def report(name: str, steps: pd.DataFrame) -> dict | None:
     print(f"  AUROC of the episode's outcome for the label: {_auroc(r)}")
     order = rule_order_auroc(r["by_rule"], before["label"].to_numpy(), before["rule"].to_numpy())
     print(f"  AUROC of the rule's share in won episodes for the label: {_auroc(order)}")
+    if "credit" in before:  # training rollouts: G episodes of each game, whose actions part ways
+        credit, good = before["credit"].to_numpy(), before["label"].to_numpy() > 0
+        low, high = auroc_interval(credit, good)
+        share = (credit != 0).mean()
+        print(f"  AUROC of the group's prefix credit for the label: {auroc(credit, good):.3f} [{low:.3f}, {high:.3f}]")
+        print(f"    ({share:.0%} of the steps get a credit other than 0; mean credit by rule: ", end="")
+        print(", ".join(f"{r} {c:+.3f}" for r, c in before.groupby("rule")["credit"].mean().items()) + ")")
     return r["by_rule"]
 
 

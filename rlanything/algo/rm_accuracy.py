@@ -319,6 +319,40 @@ def consistency_target(outcome: np.ndarray, label: np.ndarray, rule: np.ndarray)
     }
 
 
+def prefix_credit(group: np.ndarray, traj: np.ndarray, step: np.ndarray, action: np.ndarray, outcome: np.ndarray):
+    """A step's Monte-Carlo credit from its group's episodes: how much taking its action moved the
+    share of won episodes among those that reached the same point. Not the paper's reward; a
+    candidate step target measured against the labels (`benchmarks/rm_reward_target.py`).
+
+    group, traj, step (N,): the episode's task group (episodes of one group start from one game),
+    the episode and the step's index; action (N,) str; outcome (N,) ±1, the episode's. -> (N,)
+    float: V(a_0..a_t) − V(a_0..a_t−1), where V(prefix) is the mean outcome of the group's episodes
+    whose first actions are that prefix. It assumes the game is deterministic, so that one prefix
+    is one state. A step after which the episodes it stands for no longer part ways gets 0: the
+    credit goes to the steps where a group's actions differ.
+
+    Worked example: one group, episodes A: (go east) +1; B: (go east) +1; C: (look, go east) +1;
+    D: (xyzzy, xyzzy) −1. V() = 0.5, V(go east) = V(look) = V(look, go east) = 1, V(xyzzy) = −1:
+    credits A0 = B0 = C0 = 0.5, C1 = 0, D0 = −1.5, D1 = 0.
+
+    >>> prefix_credit(np.zeros(6), np.array([0, 1, 2, 2, 3, 3]), np.array([0, 0, 0, 1, 0, 1]),
+    ...     np.array(["go east", "go east", "look", "go east", "xyzzy", "xyzzy"]), np.array([1, 1, 1, 1, -1, -1]))
+    array([ 0.5,  0.5,  0.5,  0. , -1.5,  0. ])
+    """
+    group, traj, step = np.asarray(group), np.asarray(traj), np.asarray(step)
+    action, outcome = np.asarray(action), np.asarray(outcome, dtype=float)
+    prefixes: dict[tuple, tuple] = {}  # (group, traj) -> its actions, in step order
+    for i in np.lexsort((step, traj, group)):
+        prefixes[group[i], traj[i]] = prefixes.get((group[i], traj[i]), ()) + (action[i],)
+    episode_outcome = {(group[i], traj[i]): outcome[i] for i in range(len(group))}
+    value: dict[tuple, list] = {}  # (group, prefix) -> the outcomes of the episodes that began so
+    for (g, t), actions in prefixes.items():
+        for k in range(len(actions) + 1):
+            value.setdefault((g, actions[:k]), []).append(episode_outcome[g, t])
+    v = lambda g, p: float(np.mean(value[g, p]))  # noqa: E731
+    return np.array([v(g, prefixes[g, t][: k + 1]) - v(g, prefixes[g, t][:k]) for g, t, k in zip(group, traj, step)])
+
+
 def rule_order_auroc(
     by_rule: dict, label: np.ndarray, rule: np.ndarray, *, resamples: int = 2000, seed: int = 0
 ) -> dict:

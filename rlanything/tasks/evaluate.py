@@ -51,6 +51,13 @@ def _play(config, weights: str, specs: list[dict], split: str, precision: str) -
     return episodes, pd.DataFrame(step_rows(split, steps), columns=EVAL_STEPS.names)
 
 
+def eval_contexts(episodes: pd.DataFrame, steps: pd.DataFrame, history_steps: int | None) -> list[dict]:
+    """What the RM judges in an evaluation: the rm_score step's contexts (`steps_to_judge`) of one
+    split's valid `episodes` (EVAL_EPISODES) and their `steps` (EVAL_STEPS), traj_id = problem_idx."""
+    frame = episodes.rename(columns={"problem_idx": "traj_id"}).assign(pending=False)
+    return steps_to_judge(steps.rename(columns={"problem_idx": "traj_id"}), frame, frame, history_steps)
+
+
 @task(name="eval-split", task_run_name="eval {split}")
 @noting_stops
 def evaluate_split(
@@ -100,11 +107,7 @@ def evaluate_split(
         earlier_judgments = source.judgments(keys["rm_key"]) if source else None
         judged = path.with_name(f"{split}.judgments.parquet")
         if earlier_judgments is None:
-            # the rm_score step's context builder; traj_id = problem_idx, an invalid episode left out
-            frame = episodes.rename(columns={"problem_idx": "traj_id"}).assign(pending=False)
-            contexts = steps_to_judge(
-                steps.rename(columns={"problem_idx": "traj_id"}), frame, frame, config.rm.history_steps
-            )
+            contexts = eval_contexts(episodes, steps, config.rm.history_steps)  # an invalid episode left out
             judge_split(config, Path(rm_weights), rm_label, contexts, split, iteration, judged, precision["rm"])
         else:
             write_table(earlier_judgments.assign(weights=rm_label, iteration=iteration), EVAL_JUDGMENTS, judged)

@@ -14,6 +14,7 @@ from rlanything.algo.rm_accuracy import (
     consistency_target,
     guard,
     outcome_prediction,
+    prefix_credit,
     process_accuracy,
     rule_order_auroc,
 )
@@ -272,3 +273,20 @@ def test_rule_order_auroc_counts_pairs_by_rule_and_widens_with_few_steps_per_rul
     assert narrow["auroc_high"] - narrow["auroc_low"] < wide["auroc_high"] - wide["auroc_low"]
     unseen = rule_order_auroc({"closer": (1, 1), "invalid": (0, 1)}, np.array([1, -1]), np.array(["look", "invalid"]))
     assert unseen["unknown"] == 1 and unseen["auroc"] == 1.0  # "look" scores the overall 1/2 > 0
+
+
+def test_prefix_credit_goes_to_the_step_where_a_group_parts_ways_whatever_the_row_order():
+    # group a, three episodes of one game: X wins after (open box, take key), Y loses after
+    # (open box, eat key), Z loses after (xyzzy).
+    # V() = -1/3, V(open box) = 0, V(xyzzy) = -1, V(open box, take key) = 1, V(open box, eat key) = -1.
+    # group b: one episode alone: nothing to part from, every credit 0
+    group = np.array(["a"] * 5 + ["b"] * 2)
+    traj = np.array([0, 0, 1, 1, 2, 0, 0])  # trajectory ids repeat across groups on purpose
+    step = np.array([0, 1, 0, 1, 0, 0, 1])
+    action = np.array(["open box", "take key", "open box", "eat key", "xyzzy", "look", "go east"])
+    outcome = np.array([1, 1, -1, -1, -1, 1, 1])
+    expected = np.array([1 / 3, 1.0, 1 / 3, -1.0, -2 / 3, 0.0, 0.0])
+    np.testing.assert_allclose(prefix_credit(group, traj, step, action, outcome), expected)
+    order = np.random.default_rng(0).permutation(len(group))
+    shuffled = prefix_credit(group[order], traj[order], step[order], action[order], outcome[order])
+    np.testing.assert_allclose(shuffled, expected[order])

@@ -162,6 +162,18 @@ def test_eval_measures_the_rm_against_the_step_labels_with_the_last_steps_apart(
     )
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.split("\n", 2)[2] == done.stdout.split("\n", 2)[2].replace(str(out), str(bare))
+    # benchmarks/rejudge.py: the evaluation's own RM, given again, judges its steps as it did
+    # (same contexts, same seeds), and prints the same measures for both
+    own = f"{run['run_dir']}@{int(out.name.split('_')[1])}"
+    command = [sys.executable, "benchmarks/rejudge.py", str(out), "--rm", own]
+    rejudged = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert rejudged.returncode == 0, rejudged.stderr[-2000:]
+    (path,) = out.glob("rejudged-*.judgments.parquet")
+    again_judged = read_table(path, schemas.EVAL_JUDGMENTS)
+    for column in ("problem_idx", "step_idx", "judge_idx", "prompt", "step_score", "parsed"):
+        assert again_judged[column].tolist() == judgments[column].tolist(), column
+    rows = re.findall(r"^\| (own RM .*?|--rm .*?) \| (.+) \|$", rejudged.stdout, re.M)
+    assert len(rows) == 2 and rows[0][1] == rows[1][1], rejudged.stdout
 
 
 def test_judging_only_trainable_tasks_skips_an_iteration_where_every_task_left_the_band(prefect_server, tmp_path):
