@@ -320,6 +320,30 @@ def ablation(
     console.print(f"comparison, figures: {result['folder']}   MLflow parent run {result['mlflow_run_id']}")
 
 
+@experiment_app.command(
+    "compare",
+    epilog="Example: rlanything experiment compare runs/experiments/tw-s0 runs/experiments/tw-s1 --out runs/experiments/tw",
+)
+def compare(
+    folders: Annotated[list[Path], typer.Argument(help="Experiment folders: <run.root>/experiments/<name>.")],
+    out: Annotated[Path, typer.Option(help="Folder for the pooled comparison.")],
+) -> None:
+    """Pool experiments that differ only in their seeds into one comparison.
+
+    For seeds run as separate experiments (one at a time, where two runs side by side do not fit
+    the machine): their finished arms are compared as one experiment with all the seeds would
+    compare them (comparison.md, comparison.json, iterations.csv, the figures), in --out. Refused
+    when the experiments differ in anything but their seeds (config, overrides, arms, budget)."""
+    from rlanything.flows.experiment import compare_experiments
+
+    try:
+        path = compare_experiments(folders, out)
+    except ConfigError as err:
+        _fail(str(err))
+    typer.echo(path.read_text())  # plain: rich would wrap the table's rows
+    console.print(f"comparison, figures: {out}")
+
+
 ServerRoot = Annotated[Path, typer.Option("--root", help="Runs folder: MLflow store (mlflow.db) and .servers/ state.")]
 
 

@@ -47,6 +47,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 from prefect import flow, get_run_logger
 
 from rlanything import stopping
@@ -55,7 +56,6 @@ from rlanything.flows.evaluation import BASE, eval_dir, eval_flow
 from rlanything.flows.runlock import run_lock
 from rlanything.flows.training import prepare_run, train_flow
 from rlanything.reports import experiment as report
-from rlanything.reports.eval import step_seconds
 from rlanything.storage import tracking
 from rlanything.storage.layout import RunLayout
 from rlanything.storage.parquet import write_text
@@ -111,7 +111,12 @@ def arm_overrides(overrides: list[str], config: Config, name: str, arm: str, see
     spec = ARMS[arm]
     no_rm = [NO_RM] if spec.no_rm_judge and config.rm.role == "judge" else []  # unit_tests: m = 0 refused
     every = [] if config.eval.every else ["eval.every=1"]
-    return [*overrides, *spec.overrides, *no_rm, f"run.name={name}-{arm}-s{seed}", f"run.seed={seed}", *every]
+    return [*overrides, *spec.overrides, *no_rm, f"run.name={run_name(name, arm, seed)}", f"run.seed={seed}", *every]
+
+
+def run_name(name: str, arm: str, seed: int) -> str:
+    """The run of experiment `name`'s `arm` with `seed`: <run.root>/<name>-<arm>-s<seed>."""
+    return f"{name}-{arm}-s{seed}"
 
 
 def open_experiment(
@@ -141,11 +146,11 @@ def open_experiment(
     return base, seed_list, folder
 
 
-def next_fits(seconds: list[float], budget_s: float) -> bool:
-    """Whether an arm whose finished iterations took `seconds` (training time each) starts one
-    more under a budget of `budget_s` training seconds: while its training so far is under the
-    budget. Its last iteration thus ends past the budget, and `at_budget` tells which checkpoint
-    the arm had when its time was up.
+def next_fits(history: pd.DataFrame, budget_minutes: float) -> bool:
+    """Whether an arm whose finished iterations are `history` (`report.iteration_history`) starts
+    one more under a budget of `budget_minutes` of training: while its training so far is under the
+    budget. Its last iteration thus ends past the budget, and `report.at_budget` tells which
+    checkpoint the arm had when its time was up.
 
     Why run past the budget: only a finished iteration shows whether it ended within the budget.
     The rules before this one stopped on a prediction (training so far plus the longest finished
@@ -155,52 +160,29 @@ def next_fits(seconds: list[float], budget_s: float) -> bool:
     running iteration at the budget instead: its work would be lost, the run left with half an
     iteration, and where it stopped would depend on the clock, not on recorded times.
 
-    >>> next_fits([], 60), next_fits([20, 39.9], 60), next_fits([20, 40], 60)
+    >>> h = pd.DataFrame({"iteration": [0, 1], "wall_time_s": [20.0, 59.9]})
+    >>> next_fits(h.head(0), 1.0), next_fits(h, 1.0), next_fits(h, 59.9 / 60)
     (True, True, False)
     """
-    return sum(seconds) < budget_s
-
-
-def at_budget(seconds: list[float], budget_s: float) -> int:
-    """The iteration whose checkpoint an arm had when `budget_s` training seconds were up: the
-    last whose iterations 0..i took at most the budget in all (`seconds`: each one's training
-    time, in order); `BASE` (the starting model) when the first alone took more.
-
-    >>> at_budget([30.0, 40.0, 50.0], 70.0), at_budget([30.0, 40.0, 50.0], 69.9), at_budget([80.0], 70.0)
-    (1, 0, -1)
-    """
-    total, at = 0.0, BASE
-    for iteration, taken in enumerate(seconds):
-        total += taken
-        if total > budget_s:
-            break
-        at = iteration
-    return at
-
-
-def iteration_seconds(run_dir: Path, count: int) -> list[float]:
-    """Training seconds of each of iterations 0..count-1 that has its iter_NNNN/summary.json: the
-    steps' own times (`reports.eval.step_seconds`, as the comparison counts them)."""
-    paths = [RunLayout(run_dir).iter_dir(i) / "summary.json" for i in range(count)]
-    return [step_seconds(json.loads(path.read_text())) for path in paths if path.exists()]
+    return history.empty or float(history.wall_time_s.iloc[-1]) < budget_minutes * 60
 
 
 def _train_arm(config_path: str, overrides: list[str], config: Config, iterations, budget_minutes) -> None:
     """Train one (arm, seed) run to its budget: N iterations and/or M minutes of step time, one
     iteration at a time while `next_fits` (from the recorded times: a resumed or extended arm
     passes over its finished iterations deciding as before, then goes on); then evaluate the
-    iteration it is compared at (`at_budget` under a wall-time budget, else its last)."""
+    iteration it is compared at (`report.at_budget` under a wall-time budget, else its last)."""
     limit = iterations or (MAX_ITERATIONS if budget_minutes else config.run.iterations)
     if budget_minutes is None:
         train_flow(config_path, overrides, limit)
     else:
         done = 0
-        while done < limit and next_fits(iteration_seconds(config.run_dir, done), budget_minutes * 60):
+        while done < limit and next_fits(report.iteration_history(config.run_dir).head(done), budget_minutes):
             train_flow(config_path, overrides, done + 1)  # finished iterations are skipped
             done += 1
     compared = max(i for i in range(limit) if RunLayout(config.run_dir).iteration_done(i).exists())
     if budget_minutes is not None:
-        compared = at_budget(iteration_seconds(config.run_dir, compared + 1), budget_minutes * 60)
+        compared = report.at_budget(report.iteration_history(config.run_dir).head(compared + 1), budget_minutes)
     if compared != BASE and not (eval_dir(config.run_dir, compared) / "summary.json").exists():
         eval_flow(f"{config.run_dir}@{compared}")  # eval.every may skip it
 
@@ -220,13 +202,17 @@ def _share_base_eval(source: Path | None, run_dir: Path) -> None:
 
 
 def write_comparison(
-    folder: Path, name: str, runs: list[dict], arms: list[str], splits: list[str], budget_minutes: float | None = None
+    folder: Path,
+    name: str,
+    runs: list[dict],
+    arms: list[str],
+    splits: list[str],
+    budget_minutes: float | None = None,
+    spec: str | None = None,
 ) -> tuple[list[Path], dict[str, float]]:
-    """comparison.md, comparison.json and the figures from the runs so far; the table's numbers.
-    With a wall-time budget, the table reads every run as it stood at the budget
-    (`report.cut_at_budget`); the figures show every iteration."""
-    import pandas as pd
-
+    """comparison.md, comparison.json, iterations.csv and the figures from the runs so far; the
+    table's numbers. With a wall-time budget, the table reads every run as it stood at the budget
+    (`report.cut_at_budget`); the figures and iterations.csv show every iteration."""
     frame = pd.DataFrame(runs, columns=["arm", "seed", "run_dir"])
     training, heldout = report.collect(frame)
     labels = {a: ARMS[a].label for a in arms}
@@ -234,15 +220,63 @@ def write_comparison(
     table = report.comparison_table(labels, *at, splits, budget_minutes)
     details = {
         "runs": ", ".join(Path(r["run_dir"]).name for r in runs),
-        "spec": str(folder / "experiment.json"),
+        "spec": spec or str(folder / "experiment.json"),
     }
     if budget_minutes is not None:
         details["budget"] = f"{budget_minutes:g} min of training steps per arm"
     text = report.comparison_markdown(f"ablation {name}", details, table, at[1], splits)
     write_text(text, folder / "comparison.md")
     write_text(table.to_json(orient="records", indent=2), folder / "comparison.json")
+    write_text(report.iteration_table(frame).to_csv(index=False), folder / "iterations.csv")
     figures = report.plot_figures(labels, training, heldout, splits, folder)
-    return [folder / "comparison.md", folder / "comparison.json", *figures], report.table_metrics(table, splits)
+    files = [folder / "comparison.md", folder / "comparison.json", folder / "iterations.csv", *figures]
+    return files, report.table_metrics(table, splits)
+
+
+def compare_experiments(folders: list[Path], out: Path) -> Path:
+    """One comparison of experiments whose specs differ in their seeds alone (each seed run as its
+    own experiment, say, where two whole-method runs side by side do not fit the machine's
+    memory): their finished (arm, seed) runs pooled as one experiment would pool them, written to
+    `out` with a list of the experiments compared. -> its comparison.md. ConfigError when a folder
+    holds no experiment, the specs differ in more than their seeds, a seed repeats, or no arm has
+    finished."""
+    folders, specs = [Path(f).resolve() for f in folders], []
+    for folder in folders:
+        path = folder / "experiment.json"
+        if not path.exists():
+            raise ConfigError(f"{folder}: no experiment here (no experiment.json)")
+        specs.append(json.loads(path.read_text()))
+    first = _but_seeds(specs[0])
+    for folder, spec in zip(folders[1:], specs[1:]):
+        if _but_seeds(spec) != first:
+            raise ConfigError(f"{folder} and {folders[0]} differ in more than their seeds: not comparable")
+    seeds = [s for spec in specs for s in spec["seeds"]]
+    if len(set(seeds)) < len(seeds):
+        raise ConfigError(f"a seed appears in more than one experiment (seeds {seeds}): pooling would count it twice")
+    budget = json.dumps({"iterations": specs[0]["iterations"], "budget_minutes": specs[0]["budget_minutes"]})
+    runs = []
+    for folder, spec in zip(folders, specs):
+        for seed in spec["seeds"]:
+            for arm in spec["arms"]:
+                run = run_name(folder.name, arm, seed)
+                marker = folder / "arms" / f"{run}.done"
+                if marker.exists() and marker.read_text() == budget:
+                    runs.append({"arm": arm, "seed": seed, "run_dir": str(folder.parents[1] / run)})
+    if not runs:
+        raise ConfigError(f"no arm of {', '.join(map(str, folders))} has finished: nothing to compare")
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(json.dumps({"experiments": [str(f) for f in folders]}, indent=2), out / "compared.json")
+    title = " + ".join(f.name for f in folders)
+    splits = specs[0]["config"]["eval"]["splits"]
+    write_comparison(out, title, runs, specs[0]["arms"], splits, specs[0]["budget_minutes"], str(out / "compared.json"))
+    return out / "comparison.md"
+
+
+def _but_seeds(spec: dict) -> dict:
+    """An experiment's spec without what its seeds set: `seeds`, run.seed and its override."""
+    config = {**spec["config"], "run": {k: v for k, v in spec["config"]["run"].items() if k != "seed"}}
+    overrides = [o for o in spec["overrides"] if not o.startswith("run.seed=")]
+    return {**spec, "config": config, "overrides": overrides, "seeds": None}
 
 
 @flow(name="rlanything-experiment", flow_run_name="ablation {name}")

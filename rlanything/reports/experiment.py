@@ -58,17 +58,38 @@ FIGURES = (
 )
 
 
+def _iteration_records(run_dir: Path):
+    """Each finished iteration's summary.json, in order, with the training time up to its end (the
+    steps' own times, as `reports.eval.training_wall_time`)."""
+    wall = 0.0
+    for path in sorted(Path(run_dir).glob("iter_*/summary.json")):
+        record = json.loads(path.read_text())
+        wall += step_seconds(record)
+        yield record, wall
+
+
 def iteration_history(run_dir: Path) -> pd.DataFrame:
     """One row per finished iteration of a run: `iteration`, `wall_time_s` (training time up to
     its end: the steps' own times, as `reports.eval.training_wall_time`) and `TRAINING_METRICS`."""
-    rows, wall = [], 0.0
-    paths = sorted(Path(run_dir).glob("iter_*/summary.json"))
-    for path in paths:
-        record = json.loads(path.read_text())
-        wall += step_seconds(record)
-        row = {"iteration": int(record["iteration"]), "wall_time_s": wall}
-        rows.append(row | {k: float(record.get(k, math.nan)) for k in TRAINING_METRICS})
+    rows = [
+        {"iteration": int(record["iteration"]), "wall_time_s": wall}
+        | {k: float(record.get(k, math.nan)) for k in TRAINING_METRICS}
+        for record, wall in _iteration_records(run_dir)
+    ]
     return pd.DataFrame(rows, columns=["iteration", "wall_time_s", *TRAINING_METRICS])
+
+
+def iteration_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """`runs` (arm, seed, run_dir) -> one row per finished iteration of each run: arm, seed,
+    iteration, `wall_time_s` (as `iteration_history`), and every number of its summary.json (step
+    times `time/*_s`, sample counts, RM measures...): the data behind a comparison's curves."""
+    rows = []
+    for run in runs.itertuples():
+        for record, wall in _iteration_records(run.run_dir):
+            numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "iteration"}
+            tag = {"arm": run.arm, "seed": int(run.seed), "iteration": int(record["iteration"])}
+            rows.append(tag | {"wall_time_s": wall, **numbers})
+    return pd.DataFrame(rows)
 
 
 def collect(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -124,12 +145,26 @@ def _base_eval(heldout: pd.DataFrame) -> pd.DataFrame:
     return base.drop_duplicates(["seed", "split"]).drop(columns="_judged")
 
 
+def at_budget(history: pd.DataFrame, budget_minutes: float) -> int:
+    """The iteration whose checkpoint a run had when `budget_minutes` of training were up: the
+    last in `history` (`iteration_history`: training time up to each iteration's end) that ended
+    within them; -1 (the starting model, as evaluations number it) when none did. The experiment
+    evaluates this iteration and the comparison reads every run there.
+
+    >>> h = pd.DataFrame({"iteration": [0, 1, 2], "wall_time_s": [30.0, 70.0, 120.0]})
+    >>> at_budget(h, 2.0), at_budget(h, 119.9 / 60), at_budget(h, 0.25), at_budget(h.head(0), 1.0)
+    (2, 1, -1, -1)
+    """
+    within = history.iteration[history.wall_time_s <= budget_minutes * 60]
+    return int(within.max()) if len(within) else -1
+
+
 def cut_at_budget(training: pd.DataFrame, heldout: pd.DataFrame, budget_minutes: float) -> tuple:
     """(training, heldout) as each run stood when `budget_minutes` of training were up: its
-    iterations that ended within them, and its evaluations of the last of them and of its starting
-    model (the only one compared when no iteration ended within them; `flows.experiment.at_budget`
-    decides alike). A run whose compared iteration has no evaluation has no held-out numbers: no
-    older evaluation stands in for it. `compared` marks the evaluations compared.
+    iterations up to the one it is compared at (`at_budget`), and its evaluations of that one and
+    of its starting model (the only one compared when no iteration ended within the budget). A run
+    whose compared iteration has no evaluation has no held-out numbers: no older evaluation stands
+    in for it. `compared` marks the evaluations compared.
 
     >>> t = pd.DataFrame({"arm": "a", "seed": 0, "iteration": [0, 1, 2], "wall_time_s": [50.0, 100.0, 160.0]})
     >>> h = pd.DataFrame({"arm": "a", "seed": 0, "iteration": [-1, 1, 2]})
@@ -140,12 +175,11 @@ def cut_at_budget(training: pd.DataFrame, heldout: pd.DataFrame, budget_minutes:
     """
     if training.empty:
         return training, heldout
-    runs = training[["arm", "seed"]].drop_duplicates()
-    training = training[training.wall_time_s <= budget_minutes * 60]
-    at = training.groupby(["arm", "seed"]).iteration.max().to_dict()
+    at = {run: at_budget(history, budget_minutes) for run, history in training.groupby(["arm", "seed"])}
+    kept = [iteration <= at[run] for run, iteration in zip(zip(training.arm, training.seed), training.iteration)]
     # a run none of whose iterations ended within the budget stands at its start: iteration -1, 0 s
-    start = runs[[(a, s) not in at for a, s in zip(runs.arm, runs.seed)]].assign(iteration=-1, wall_time_s=0.0)
-    training = pd.concat([training, start], ignore_index=True) if len(start) else training
+    start = [{"arm": arm, "seed": seed, "iteration": -1, "wall_time_s": 0.0} for (arm, seed), i in at.items() if i < 0]
+    training = pd.concat([training[kept], pd.DataFrame(start)], ignore_index=True) if start else training[kept]
     if heldout.empty:
         return training, heldout
     compared = heldout.iteration == [at.get((arm, seed), -1) for arm, seed in zip(heldout.arm, heldout.seed)]

@@ -19,12 +19,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 from test_resume import REPO, TINY, cli, cli_command, cli_options, finish  # helpers of the resume tests
 
-from rlanything.config import load_config
+from rlanything.config import ConfigError, load_config
 from rlanything.flows.evaluation import BASE, eval_dir
 from rlanything.flows.experiment import (
     ARMS,
@@ -32,12 +33,11 @@ from rlanything.flows.experiment import (
     PARENT_TAG,
     ablation_flow,
     arm_overrides,
-    at_budget,
     base_eval_kind,
-    iteration_seconds,
+    compare_experiments,
     next_fits,
 )
-from rlanything.reports.experiment import FIGURES
+from rlanything.reports.experiment import FIGURES, at_budget, iteration_history
 from rlanything.storage.layout import RunLayout
 
 NAME = "abl"
@@ -154,11 +154,12 @@ def test_arm_overrides_leave_a_judging_rm_out_of_the_policy_only_arm():
 
 
 def test_an_arm_trains_until_its_minutes_are_up_and_is_compared_at_its_checkpoint_then():
-    assert next_fits([], 1.0)  # nothing measured: the first iteration always runs
-    assert next_fits([30.0], 30.1) and not next_fits([30.0], 30.0)  # under the budget: one more
+    history = lambda *ends: pd.DataFrame({"iteration": range(len(ends)), "wall_time_s": ends})  # noqa: E731
+    assert next_fits(history(), 1 / 60)  # nothing measured: the first iteration always runs
+    assert next_fits(history(30.0), 30.1 / 60) and not next_fits(history(30.0), 0.5)  # under the budget: one more
     # iterations ending at 30, 70 and 120 s: at 120 s the third had ended, at 119.9 s it had not
-    assert at_budget([30.0, 40.0, 50.0], 120.0) == 2 and at_budget([30.0, 40.0, 50.0], 119.9) == 1
-    assert at_budget([11.0], 10.0) == at_budget([], 10.0) == BASE  # the first ran past: the start
+    assert at_budget(history(30.0, 70.0, 120.0), 2.0) == 2 and at_budget(history(30.0, 70.0, 120.0), 119.9 / 60) == 1
+    assert at_budget(history(11.0), 10 / 60) == at_budget(history(), 1.0) == BASE  # the first ran past: the start
 
 
 def test_a_wall_time_budget_holds_when_an_experiment_is_extended_to_it(prefect_server, small_overrides, tmp_path):
@@ -171,8 +172,8 @@ def test_a_wall_time_budget_holds_when_an_experiment_is_extended_to_it(prefect_s
     arms, name = ["policy-only", "plus-rm"], "budget"
     sets = [f"run.root={tmp_path}", "eval.problems=2", "eval.every=100", "run.keep_checkpoints=1", *small_overrides]
     ablation_flow(TINY, name, sets, seeds=1, iterations=1, arms=arms)
-    first = {arm: iteration_seconds(tmp_path / f"{name}-{arm}-s0", 1) for arm in arms}
-    budget_s = 2.5 * max(t for times in first.values() for t in times)
+    first = {arm: iteration_history(tmp_path / f"{name}-{arm}-s0").wall_time_s.tolist() for arm in arms}
+    budget_s = 2.5 * max(t for ends in first.values() for t in ends)
     ablation_flow(TINY, name, sets, seeds=1, budget_minutes=budget_s / 60, arms=arms)
 
     records = {r["arm"]: r for r in json.loads((tmp_path / "experiments" / name / "comparison.json").read_text())}
@@ -180,18 +181,52 @@ def test_a_wall_time_budget_holds_when_an_experiment_is_extended_to_it(prefect_s
     assert f"- budget: {budget_s / 60:g} min of training steps per arm" in table
     for arm in arms:
         run = tmp_path / f"{name}-{arm}-s0"
-        count = len(list(run.glob("iter_*/summary.json")))
-        seconds = iteration_seconds(run, count)
-        assert seconds[:1] == first[arm] and count >= 2, (arm, seconds)  # extended: iteration 0 kept
-        assert all(sum(seconds[:k]) < budget_s for k in range(1, count)), (arm, seconds, budget_s)
-        assert sum(seconds) >= budget_s, (arm, seconds, budget_s)  # it trained until the budget was up
-        compared = at_budget(seconds, budget_s)
-        assert compared == max(k for k in range(count) if sum(seconds[: k + 1]) <= budget_s)
+        ends = iteration_history(run).wall_time_s.tolist()  # training time at each iteration's end
+        assert ends[:1] == first[arm] and len(ends) >= 2, (arm, ends)  # extended: iteration 0 kept
+        assert all(end < budget_s for end in ends[:-1]), (arm, ends, budget_s)  # each began under it
+        assert ends[-1] >= budget_s, (arm, ends, budget_s)  # it trained until the budget was up
+        compared = at_budget(iteration_history(run), budget_s / 60)
+        assert compared == max(k for k, end in enumerate(ends) if end <= budget_s)
         # the compared checkpoint outlived the iteration after it (keep_checkpoints raised to 2): evaluated
         assert (eval_dir(run, compared) / "summary.json").exists()
         assert load_config(str(run / "config.yaml")).run.keep_checkpoints == 2
-        minutes = sum(seconds[: compared + 1]) / 60
+        minutes = ends[compared] / 60
         assert records[arm]["training_min_seeds"] == pytest.approx([minutes])
         assert records[arm]["budget_left"] == pytest.approx([budget_s / 60 - minutes])
         assert f"| {ARMS[arm].label} | 1 | {compared + 1} | {minutes:.2f} |" in table
         assert f"| {arm} | 0 | {compared} | in_domain |" in table  # its held-out row: the compared iteration
+
+
+def test_experiments_that_differ_in_their_seeds_compare_as_one(prefect_server, small_overrides, tmp_path):
+    """Seeds run as separate experiments (one at a time, for memory) pool into one comparison:
+    the same numbers as one experiment with both seeds (each seed's held-out successes summed),
+    and experiments that differ in more than their seeds, or share a seed, are refused."""
+    sets = [f"run.root={tmp_path}", "eval.problems=2", *small_overrides]
+    for seed in (0, 1):
+        ablation_flow(TINY, f"cmp-s{seed}", [*sets, f"run.seed={seed}"], seeds=1, iterations=1, arms=["policy-only"])
+    folders = [tmp_path / "experiments" / f"cmp-s{seed}" for seed in (0, 1)]
+    out = tmp_path / "experiments" / "cmp"
+    compare_experiments(folders, out)
+
+    pooled = next(r for r in json.loads((out / "comparison.json").read_text()) if r["arm"] == "policy-only")
+    evals = [
+        json.loads((eval_dir(tmp_path / f"cmp-s{s}-policy-only-s{s}", 0) / "summary.json").read_text()) for s in (0, 1)
+    ]
+    in_domain = [next(x for x in e["splits"] if x["split"] == "in_domain") for e in evals]
+    assert pooled["seeds"] == 2 and len(pooled["training_min_seeds"]) == 2
+    assert pooled["strict_in_domain"]["n"] == 4
+    assert pooled["strict_in_domain"]["successes"] == sum(round(x["strict_accuracy"] * x["n"]) for x in in_domain)
+    rows = pd.read_csv(out / "iterations.csv")
+    assert sorted(zip(rows.seed, rows.iteration)) == [(0, 0), (1, 0)] and (rows.wall_time_s > 0).all()
+    assert json.loads((out / "compared.json").read_text())["experiments"] == [str(f.resolve()) for f in folders]
+
+    with pytest.raises(ConfigError, match="seed appears in more than one"):
+        compare_experiments([folders[0], folders[0]], tmp_path / "twice")
+    other = tmp_path / "experiments" / "cmp-other"  # seed 2, but 3 held-out problems: not comparable
+    (other / "arms").mkdir(parents=True)
+    spec = json.loads((folders[1] / "experiment.json").read_text())
+    spec["seeds"], spec["config"]["eval"]["problems"] = [2], 3
+    (other / "experiment.json").write_text(json.dumps(spec))
+    with pytest.raises(ConfigError, match="differ in more than their seeds"):
+        compare_experiments([folders[0], other], tmp_path / "other")
+    assert not (tmp_path / "twice").exists() and not (tmp_path / "other").exists()
