@@ -7,6 +7,8 @@ Workload: iteration 0's rollout and rm_score of the config, as the steps call th
 step), fp32. Compared in one process, interleaved, on the same tasks and seeds:
   local   one engine in this process, torch on 2 threads (what `executor: local` does here)
   local-1t  the same engines on 1 thread (separates the threads' cost from the sharding's)
+  local-2s  the same engines on 2 threads, each call cut into 2 shards played in turn
+          (`run.shards: 2` locally, models/shards.py): the batches the Ray workers decode
   ray     `RayEngine` over 2 Ray actors of one CPU each, on a local cluster this script
           starts (num_cpus 2, 150 MB object store) and stops
 Printed: the CPU, seconds per round of each (median), the ratio ray/local, the first call's
@@ -14,7 +16,8 @@ time on the workers (imports, loading both models), a weight sync (the policy wo
 other weights from a folder, as after an update), the round trip of a
 1-row, 1-token call through each (the fixed cost of one sharded call), and how many samples
 differ from local-1t's: logits agree across batch compositions to float rounding only, which
-now and then moves a sampled token (models/ray_engine.py). On 2 cores no gain is expected: 2 one-core workers have the cores one 2-thread process has;
+now and then moves a sampled token (models/ray_engine.py); and how many of ray's differ from
+local-2s's, token ids or log-probs (the same shards: none expected). On 2 cores no gain is expected: 2 one-core workers have the cores one 2-thread process has;
 what is measured is what sharding adds.
 """
 
@@ -29,7 +32,10 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import torch
+
+# as the CLI sets it, before MKL's first call: matmuls that do not depend on the thread count
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_line, header  # noqa: E402
@@ -42,6 +48,7 @@ from rlanything.models import ray_engine  # noqa: E402
 from rlanything.models.engine_factory import make_engine  # noqa: E402
 from rlanything.models.generation import PrefixCache  # noqa: E402
 from rlanything.models.loading import resolve_model_path  # noqa: E402
+from rlanything.models.shards import ShardedEngine  # noqa: E402
 from rlanything.seeding import derive_seed  # noqa: E402
 from rlanything.storage.buffer import initial_buffer, sample_batch  # noqa: E402
 from rlanything.tasks.scoring import steps_to_judge  # noqa: E402
@@ -95,30 +102,38 @@ def main() -> None:
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     import ray
 
-    ray.init(num_cpus=2, object_store_memory=150 * 2**20, include_dashboard=False, logging_level="WARNING")
+    # address "local": a new cluster, whatever `ray start` left in /tmp/ray
+    ray.init(
+        address="local", num_cpus=2, object_store_memory=150 * 2**20, include_dashboard=False, logging_level="WARNING"
+    )
     try:
         remote = {
-            role: (ray_engine.RayEngine(2, sections[role], role, paths[role], "fp32", local[role][1]), local[role][1])
+            role: (
+                ray_engine.RayEngine(2, 2, sections[role], role, paths[role], "fp32", local[role][1]),
+                local[role][1],
+            )
             for role in paths
         }
         start = time.perf_counter()
         for role in paths:  # the workers load both models (a weight sync) on their first call
             round_trip_ms(*remote[role], repeats=1)
         load_s = time.perf_counter() - start
-        arms = {"local": (local, 2), "local-1t": (local, 1), "ray": (remote, 2)}  # engines, this process's threads
+        sharded = {role: (ShardedEngine(engine, 2), tokenizer) for role, (engine, tokenizer) in local.items()}
+        # engines, this process's threads
+        arms = {"local": (local, 2), "local-1t": (local, 1), "local-2s": (sharded, 2), "ray": (remote, 2)}
         times = {name: [] for name in arms}
         samples = {}
         for n in range(args.rounds):  # interleaved, the order rotating: a busy spell hits every arm
-            order = list(arms)[n % 3 :] + list(arms)[: n % 3]
+            order = list(arms)[n % len(arms) :] + list(arms)[: n % len(arms)]
             for name in order:
                 engines, threads = arms[name]
                 torch.set_num_threads(threads)
                 rollout_s, rm_s, rows, judgments = one_round(config, tasks, engines["policy"], engines["rm"])
                 times[name].append((rollout_s, rm_s))
-                samples[name] = ([r["response_ids"] for r in rows], [j["response_ids"] for j in judgments])
+                samples[name] = [[(r["response_ids"], r["logprobs"]) for r in part] for part in (rows, judgments)]
         torch.set_num_threads(2)
         # the same folder named differently: the workers load the policy again, as after an update
-        other = ray_engine.RayEngine(2, config.policy, "policy", f"{paths['policy']}/", "fp32", local["policy"][1])
+        other = ray_engine.RayEngine(2, 2, config.policy, "policy", f"{paths['policy']}/", "fp32", local["policy"][1])
         start = time.perf_counter()
         round_trip_ms(other, local["policy"][1], repeats=1)
         sync_s = time.perf_counter() - start
@@ -140,12 +155,17 @@ def main() -> None:
     print(f"1-row 1-token call (2 threads here): local {trip['local']:.1f} ms, ray {trip['ray']:.1f} ms")
     for name in ("local", "ray"):  # against local-1t: the same kernels, alone in one process
         steps, judged = (
-            sum(a != b for a, b in zip(mine, base)) for mine, base in zip(samples[name], samples["local-1t"])
+            sum(a[0] != b[0] for a, b in zip(mine, base)) for mine, base in zip(samples[name], samples["local-1t"])
         )
         print(
             f"{name} samples unlike local-1t's: {steps} of {len(samples[name][0])} steps, "
             f"{judged} of {len(samples[name][1])} judgments (token ids)"
         )
+    steps, judged = (
+        sum(list(a[0]) != list(b[0]) or list(a[1]) != list(b[1]) for a, b in zip(mine, base))
+        for mine, base in zip(samples["ray"], samples["local-2s"])
+    )
+    print(f"ray samples unlike local-2s's: {steps} steps, {judged} judgments (token ids or log-probs, bit for bit)")
 
 
 if __name__ == "__main__":

@@ -69,22 +69,33 @@ class RunConfig(_Section):
     runs changes none of its files."""
     executor: Literal["local", "ray"] = "local"
     """Where the rollout and rm_score steps generate. `local`: in the step's own process. `ray`:
-    their generation calls are cut into shards (contiguous rows, so whole task groups and a
+    their generation calls are cut into `shards` (contiguous rows, so whole task groups and a
     trajectory's steps stay together) played by `ray_workers` Ray actors that keep their engines
     loaded across iterations and reload only when a step names new weights, read from the run
-    folder (models/ray_engine.py; docs/scaling.md). Every row keeps its noise stream; its logits
-    agree with the local run's to float rounding (~1e-6: a row's batch mates change the kernels'
-    summation order), so the log-probs differ in their last bits and, rarely, a sampled token
-    (measured: none on configs/tiny.yaml, 2 of 96 SmolLM2 judgments). With
-    `algo.old_logprobs: trainer` and no moved token, checkpoints match a local run's bit for bit
-    (tested on configs/tiny.yaml). Transformers engines only. Not in the run's digest."""
+    folder (models/ray_engine.py; docs/scaling.md). Transformers engines only. Not in the run's
+    digest: a run resumes on the other executor."""
     ray_address: str = "auto"
     """The Ray cluster of `executor: ray`: `auto` (the cluster `ray start` started on this
     machine, or RAY_ADDRESS), `host:port` (its head's GCS) or `ray://host:port` (Ray Client).
     Run folder and checkpoints must be at the same path on every machine of the cluster."""
     ray_workers: int = Field(2, ge=1)
     """`executor: ray`: engine actors (one CPU each), each holding a policy and an RM engine;
-    a generation call is cut into this many shards."""
+    shard k of a call runs on worker k mod ray_workers."""
+    shards: int | None = Field(None, ge=1)
+    """The slices a rollout or rm_score generation call is cut into (models/shards.py); null:
+    `ray_workers` with `executor: ray`, 1 locally. A row's logits depend on its batch mates
+    (~1e-6: they change the kernels' summation order), so the shard layout, not the executor,
+    decides the samples bit for bit: a local run and a Ray run with the same `shards` write the
+    same files (tested on configs/tiny.yaml), whatever the worker count, and a Ray worker that
+    dies is replaced without a changed bit. Locally each shard keeps its own KV cache (the
+    engine's budget each). Not in the run's digest: other shards move log-probs in their last
+    bits and, rarely, a sampled token (measured: none on configs/tiny.yaml, 2 of 96 SmolLM2
+    judgments)."""
+
+    @property
+    def shard_count(self) -> int:
+        """`shards`, or its default: `ray_workers` with `executor: ray`, else 1."""
+        return self.shards or (self.ray_workers if self.executor == "ray" else 1)
 
     @field_validator("ray_address")
     @classmethod
@@ -650,7 +661,7 @@ class Config(_Section):
         checkpoints stay and how checkpoints are evaluated change none of its files."""
         data = self.to_dict()
         del data["run"]["iterations"], data["run"]["step_deployments"], data["run"]["keep_checkpoints"]
-        for key in ("executor", "ray_address", "ray_workers"):  # where generation runs: same samples
+        for key in ("executor", "ray_address", "ray_workers", "shards"):  # where and in what slices it generates
             del data["run"][key]
         data.pop("eval")  # evaluation reads checkpoints; it changes none of training's files
         blob = json.dumps(data, sort_keys=True).encode()

@@ -15,23 +15,26 @@ add a copy of every tensor through the driver, which does not even hold them (th
 under `accelerate launch`). A worker reloads when the step's `model_dir` differs from the one it
 holds: once per iteration and role.
 
-Shards: contiguous slices of a call's rows. The rollout's rows are its episodes in task-group
-order and the judge's are steps in trajectory order, so a shard holds whole task groups (and
-consecutive steps that share a judge prompt's history) up to the cut, and each shard keeps its own
-`PrefixCache` on its worker from turn to turn. Each row keeps its index in the whole call
-(`row_ids`), which picks its noise stream (models/decode.py's seed rule), so a shard draws the
-uniforms one process would. The logits are not bit for bit those of one process: a row's batch
-mates (the padding and KV layout of its decode batch) change the attention's summation order by
-~1e-6, so log-probs differ in their last bits, and a token is drawn differently where a uniform
-falls within that of a boundary of the inverse CDF over the vocabulary (measured: no sample on
-configs/tiny.yaml's two iterations; 2 of 96 SmolLM2 judgments of 32 tokens, none of 32 rollouts;
-the same shards without `row_ids` change half the rollouts). Batch-invariant kernels would close
-that gap; none are used here.
+Shards: contiguous slices of a call's rows (`run.shards`, models/shards.py). The rollout's rows
+are its episodes in task-group order and the judge's are steps in trajectory order, so a shard
+holds whole task groups (and consecutive steps that share a judge prompt's history) up to the
+cut, and each shard keeps its own `PrefixCache` on its worker from turn to turn. Each row keeps
+its index in the whole call (`row_ids`), which picks its noise stream (models/decode.py's seed
+rule), so a shard draws the uniforms one process would. A row's batch mates (the padding and KV
+layout of its decode batch) change the attention's summation order by ~1e-6, so the logits
+depend on the shard layout: a local run that plays the same shards in turn (`ShardedEngine`)
+writes these files bit for bit, while a local run in one piece differs in the log-probs' last
+bits and, where a uniform falls within that of a boundary of the inverse CDF over the
+vocabulary, in a sampled token (measured: none on configs/tiny.yaml's two iterations; 2 of 96
+SmolLM2 judgments of 32 tokens, none of 32 rollouts; the same shards without `row_ids` change
+half the rollouts).
 
 A worker that dies fails its shard: `RayActorError` (a killed process, a lost machine) or
 `OutOfMemoryError` (Ray's memory monitor killed it, the machine past 95% of its memory); the
-shard is played again on a new worker that replaces it, with the same rows and row ids, so the
-step's files are those it would have written, and the log says which worker died.
+shard is played again on a new worker that replaces it, with the same rows and row ids. The new
+worker first plays the step's earlier calls of each shard the dead one held (their results
+dropped), so their KV caches are rebuilt as they were and the step's files are those it would
+have written, bit for bit; the log says which worker died.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from rlanything.config import ConfigError
 from rlanything.models.decode import full_attention
 from rlanything.models.generation import Generation, PrefixCache, eos_ids_of
 from rlanything.models.loading import load_tokenizer
+from rlanything.models.shards import shard_bounds
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +139,9 @@ class EngineWorker:
     other weights; each shard's `PrefixCache` stays here between the calls of one caller."""
 
     def __init__(self):
+        # as the CLI sets it (rlanything/cli.py): a worker's matmuls on its 1 thread then match a
+        # local run's on N; `ray start`'s environment, which workers inherit, may lack it
+        os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
         self.engines: dict[str, tuple[tuple, Any]] = {}
         self.caches: dict[tuple[str, int], PrefixCache] = {}
         self.cache_key: dict[str, str] = {}  # role -> the caller's cache the kept ones belong to
@@ -202,32 +209,33 @@ def shutdown() -> None:
         ray.shutdown()
 
 
-def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
-    """Contiguous, balanced slices of n rows, empty ones left out.
-
-    >>> shard_bounds(10, 3), shard_bounds(1, 2)
-    ([(0, 3), (3, 6), (6, 10)], [(0, 1)])
-    """
-    bounds = [(n * k // shards, n * (k + 1) // shards) for k in range(shards)]
-    return [(lo, hi) for lo, hi in bounds if hi > lo]
-
-
 class RayEngine:
-    """A `GenerationEngine` over this process's engine actors: each call is cut into
-    `shard_bounds` slices, one per worker, gathered in order (see the module docstring)."""
+    """A `GenerationEngine` over this process's engine actors: each call is cut into `shards`
+    `shard_bounds` slices, shard k played by worker k mod `count`, gathered in order (see the
+    module docstring).
 
-    def __init__(self, count: int, section, role: str, model_dir, precision: str, tokenizer, on_batch=None):
+    A shard's `PrefixCache` lives on its worker. Every call made with the caller's cache is kept
+    here, per shard, until the caller changes: a new worker that replaces a dead one first plays
+    them again (their results dropped) to rebuild its shards' caches as they were, so what it
+    generates next is what the dead one would have generated, bit for bit."""
+
+    def __init__(
+        self, count: int, shards: int, section, role: str, model_dir, precision: str, tokenizer, on_batch=None
+    ):
         if section.engine != "transformers":
             raise ConfigError(f"run.executor ray shards transformers engines only ({role}.engine is {section.engine})")
         from transformers import AutoConfig
 
-        self.count, self.role, self.tokenizer = count, role, tokenizer
+        self.count, self.shards, self.role, self.tokenizer = count, shards, role, tokenizer
         self.spec = (section, str(model_dir), precision)
         self.weights = str(model_dir)
         self.eos_ids = eos_ids_of(model_dir, tokenizer)
         self.decodes_choices = full_attention(AutoConfig.from_pretrained(model_dir, local_files_only=True))
         self.on_batch = on_batch or (lambda n: None)
         self._keys: dict[int, tuple[PrefixCache, str]] = {}  # the caller's caches (kept alive: ids stay theirs)
+        # the calls made with the current caller's cache, per shard, and the worker (pid) that holds
+        # each shard's cache: (method, args) to play again on a new worker
+        self._calls: tuple[str | None, dict[int, list], dict[int, int]] = (None, {}, {})
 
     def _key(self, cache: PrefixCache | None) -> str | None:
         if cache is None:
@@ -244,11 +252,10 @@ class RayEngine:
         key = self._key(prefix_cache)
         die, _state["kill_next"] = _state["kill_next"], False
 
-        def submit(actor, shard: int, lo: int, hi: int, first_try: bool):
-            args = (self.role, self.spec, key, shard, prompts[lo:hi], ids[lo:hi], kwargs)
-            return actor.generate.remote(*args, die=die and first_try and shard == 0)
+        def args(shard: int, lo: int, hi: int) -> tuple:
+            return (self.role, self.spec, key, shard, prompts[lo:hi], ids[lo:hi], kwargs)
 
-        parts = self._gather(len(prompts), submit)
+        parts = self._gather(len(prompts), key, "generate", args, die)
         if prefix_cache is not None:
             prefix_cache.prompt_tokens += sum(p[1] for p in parts)
             prefix_cache.reused_tokens += sum(p[2] for p in parts)
@@ -257,33 +264,56 @@ class RayEngine:
     def score(self, prompts, continuations, *, temperature, prefix_cache=None) -> list[list[float]]:
         key = self._key(prefix_cache)
 
-        def submit(actor, shard: int, lo: int, hi: int, first_try: bool):
-            args = (self.role, self.spec, key, shard, prompts[lo:hi], continuations[lo:hi], temperature)
-            return actor.score.remote(*args)
+        def args(shard: int, lo: int, hi: int) -> tuple:
+            return (self.role, self.spec, key, shard, prompts[lo:hi], continuations[lo:hi], temperature)
 
-        return [row for part in self._gather(len(prompts), submit) for row in part]
+        return [row for part in self._gather(len(prompts), key, "score", args) for row in part]
 
-    def _gather(self, n: int, submit: Callable) -> list:
-        """Run every shard (`submit(actor, shard, lo, hi, first_try) -> ObjectRef`) and return
-        their results in shard order; a shard whose worker died runs again on a new worker that
-        replaces it. Checks for a stop twice a second while shards run."""
+    def _submit(self, key: str | None, shard: int, method: str, args: tuple, die: bool = False) -> tuple:
+        """Shard `shard`'s call on its worker -> (ObjectRef, the worker's pid); a worker that does
+        not hold the shard's cache (it replaced the one that did) first plays the shard's earlier
+        calls."""
+        actor, pid = _state["workers"][shard % self.count]
+        if key is not None:
+            if self._calls[0] != key:  # a new caller: the last one's calls are not needed again
+                self._calls = (key, {}, {})
+            _, calls, holder = self._calls
+            if holder.setdefault(shard, pid) != pid:
+                for earlier_method, earlier_args in calls.get(shard, []):
+                    getattr(actor, earlier_method).remote(*earlier_args)  # an actor runs calls in order
+                holder[shard] = pid
+            calls.setdefault(shard, []).append((method, args))
+        if method == "generate":
+            return actor.generate.remote(*args, die=die), pid
+        return getattr(actor, method).remote(*args), pid
+
+    def _gather(self, n: int, key: str | None, method: str, args: Callable, die: bool = False) -> list:
+        """Run every shard's call (`args(shard, lo, hi)`) and return the results in shard order;
+        a shard whose worker died runs again on a new worker that replaces it. Checks for a stop
+        twice a second while shards run."""
         import ray
 
-        pool = workers(self.count)
-        bounds = shard_bounds(n, self.count)
+        workers(self.count)
+        bounds = shard_bounds(n, self.shards)
         results: list[Any] = [None] * len(bounds)
-        pending = {submit(pool[k][0], k, lo, hi, True): (k, 0) for k, (lo, hi) in enumerate(bounds)}
+        pending = {}
+        for k, (lo, hi) in enumerate(bounds):
+            ref, pid = self._submit(key, k, method, args(k, lo, hi), die=die and k == 0)
+            pending[ref] = (k, 0, pid)
         try:
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
                 stopping.check()
                 for ref in done:
-                    shard, reruns = pending.pop(ref)
+                    shard, reruns, pid = pending.pop(ref)
                     try:
                         results[shard] = ray.get(ref)
                     except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as err:
-                        ref = self._replace(shard, reruns, err, bounds, submit)
-                        pending[ref] = (shard, reruns + 1)
+                        self._replace(shard, reruns, err, bounds, pid)
+                        if key is not None:  # the call is played again, after the earlier ones
+                            self._calls[1][shard].pop()
+                        ref, pid = self._submit(key, shard, method, args(shard, *bounds[shard]))
+                        pending[ref] = (shard, reruns + 1, pid)
                         continue
                     self.on_batch(bounds[shard][1] - bounds[shard][0])
         except BaseException:
@@ -292,25 +322,26 @@ class RayEngine:
             raise
         return results
 
-    def _replace(self, shard: int, reruns: int, err: Exception, bounds, submit):
-        """A new worker in place of shard `shard`'s dead one, and the shard submitted to it."""
+    def _replace(self, shard: int, reruns: int, err: Exception, bounds, pid: int) -> None:
+        """A new worker in place of the dead one (pid) that ran shard `shard`, unless a shard it
+        also ran replaced it already."""
         lo, hi = bounds[shard]
-        _, dead_pid = _state["workers"][shard]
+        slot = shard % self.count
         what = f"{self.role} shard {shard} (rows {lo}-{hi - 1} of {bounds[-1][1]})"
         if reruns >= MAX_RERUNS:
             raise RuntimeError(f"Ray workers died {reruns + 1} times running {what}: {err}") from err
-        _state["workers"][shard] = _start_worker()
-        new_pid = _state["workers"][shard][1]
+        if _state["workers"][slot][1] != pid:
+            return
+        _state["workers"][slot] = _start_worker()
         log.warning(
             "Ray worker %d (pid %d) died running %s: %s; the shard runs again on a new worker (pid %d), "
-            "the same rows with the same seeds",
-            shard,
-            dead_pid,
+            "the same rows with the same seeds, after its earlier calls of this step",
+            slot,
+            pid,
             what,
             type(err).__name__,
-            new_pid,
+            _state["workers"][slot][1],
         )
-        return submit(_state["workers"][shard][0], shard, lo, hi, False)
 
 
 def make_ray_engine(run, section, role: str, model_dir, precision: str, on_batch=None):
@@ -318,4 +349,5 @@ def make_ray_engine(run, section, role: str, model_dir, precision: str, on_batch
     local one) -> (engine, tokenizer); joins `run.ray_address` first."""
     connect(run.ray_address)
     tokenizer = load_tokenizer(model_dir)
-    return RayEngine(run.ray_workers, section, role, Path(model_dir), precision, tokenizer, on_batch), tokenizer
+    engine = RayEngine(run.ray_workers, run.shard_count, section, role, Path(model_dir), precision, tokenizer, on_batch)
+    return engine, tokenizer

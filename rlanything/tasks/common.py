@@ -20,6 +20,7 @@ from rlanything.metric_names import step_time
 from rlanything.models.engine_factory import make_engine
 from rlanything.models.loading import resolve_model_path
 from rlanything.models.ray_engine import kill_a_worker_next, make_ray_engine
+from rlanything.models.shards import ShardedEngine
 from rlanything.storage import tracking
 from rlanything.storage.layout import STEPS, RunLayout
 from rlanything.tasks import cancellation
@@ -51,11 +52,15 @@ def model_path(config: Config, layout: RunLayout, kind: str, iteration: int) -> 
 
 def step_engine(config: Config, role: str, model_dir: Path, precision: str, on_batch, log_path: Path):
     """The engine a sampling step generates with (`models.engine_factory.make_engine`), sharded
-    over the Ray cluster's engine actors with `run.executor: ray` (`models.ray_engine`)."""
+    over the Ray cluster's engine actors with `run.executor: ray` (`models.ray_engine`), or cut
+    into the same `run.shards` here (`models.shards`)."""
     section = config.policy if role == "policy" else config.rm
     if config.run.executor == "ray":
         return make_ray_engine(config.run, section, role, model_dir, precision, on_batch)
-    return make_engine(section, role, model_dir, precision, on_batch, log_path)
+    engine, tokenizer = make_engine(section, role, model_dir, precision, on_batch, log_path)
+    if config.run.shard_count > 1:  # the slices a Ray run would play: its samples, bit for bit
+        engine = ShardedEngine(engine, config.run.shard_count)
+    return engine, tokenizer
 
 
 def weights_label(layout: RunLayout, weights: str) -> str:
