@@ -87,8 +87,10 @@ class RunConfig(_Section):
     (~1e-6: they change the kernels' summation order), so the shard layout, not the executor,
     decides the samples bit for bit: a local run and a Ray run with the same `shards` write the
     same files (tested on configs/tiny.yaml), whatever the worker count, and a Ray worker that
-    dies is replaced without a changed bit. Locally each shard keeps its own KV cache (the
-    engine's budget each). Not in the run's digest: other shards move log-probs in their last
+    dies is replaced without a changed bit (unless a process is so short of memory that it
+    decodes fewer rows at once: models/shards.py). Locally each shard keeps its own KV cache
+    (the engine's budget each); a local run pays ~18% for 2 shards on SmolLM2 (docs/scaling.md).
+    Transformers engines only. Not in the run's digest: other shards move log-probs in their last
     bits and, rarely, a sampled token (measured: none on configs/tiny.yaml, 2 of 96 SmolLM2
     judgments)."""
 
@@ -591,6 +593,11 @@ class Config(_Section):
         for name, section in (("policy", self.policy), ("rm", self.rm), ("env_model", self.env_model)):
             if section.engine == "vllm" and section.top_p < 1:
                 raise ValueError(f"{name}.engine vllm records untruncated log-probs only with {name}.top_p: 1")
+        for name, section in (("policy", self.policy), ("rm", self.rm)):  # the sampling steps' engines
+            if self.run.shard_count > 1 and section.engine != "transformers":
+                raise ValueError(
+                    f"run.shards > 1 and run.executor ray cut transformers engines' calls only ({name}.engine)"
+                )
         if self.rm.role == "unit_tests" and not runs_code(self.env.kind):
             kinds = " or ".join(kind for kind in ENV_KINDS if runs_code(kind))
             raise ValueError(

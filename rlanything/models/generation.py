@@ -137,7 +137,7 @@ class GenerationEngine(Protocol):
         samples. `prefix_cache`: the caller's KV of its last call (engines that cache prefixes
         themselves ignore it). `choice`: a `Choice` appended to every generation, its option in
         `Generation.choice` (engines with `decodes_choices` only; the others raise ValueError).
-        `row_ids`: each prompt's index in the whole call a shard was cut from (models/ray_engine.py),
+        `row_ids`: each prompt's index in the whole call a shard was cut from (models/shards.py),
         which picks its noise stream; None: its place in this call."""
         ...
 

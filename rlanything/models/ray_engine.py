@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 10  # a head that does not accept a connection in this long counts as unreachable
 CLIENT_INIT_TRIES = 3  # a Ray Client server's failed session start, asked again (see connect)
 CLIENT_RETRY_S = 5.0
-MAX_RERUNS = 2  # a shard that killed this many workers in a row fails the step
+MAX_RERUNS = 2  # a shard whose worker died this many times in a row fails the step
 _state: dict[str, Any] = {"workers": [], "kill_next": False}  # this process's actors and fault flag
 
 
@@ -233,9 +233,10 @@ class RayEngine:
         self.decodes_choices = full_attention(AutoConfig.from_pretrained(model_dir, local_files_only=True))
         self.on_batch = on_batch or (lambda n: None)
         self._keys: dict[int, tuple[PrefixCache, str]] = {}  # the caller's caches (kept alive: ids stay theirs)
-        # the calls made with the current caller's cache, per shard, and the worker (pid) that holds
-        # each shard's cache: (method, args) to play again on a new worker
-        self._calls: tuple[str | None, dict[int, list], dict[int, int]] = (None, {}, {})
+        # the calls made with the current caller's cache, per shard, and the worker (its entry in
+        # the pool, (actor, pid): a new one replaces a dead one) that holds each shard's cache:
+        # (method, args) to play again on a new worker
+        self._calls: tuple[str | None, dict[int, list], dict[int, tuple]] = (None, {}, {})
 
     def _key(self, cache: PrefixCache | None) -> str | None:
         if cache is None:
@@ -270,22 +271,25 @@ class RayEngine:
         return [row for part in self._gather(len(prompts), key, "score", args) for row in part]
 
     def _submit(self, key: str | None, shard: int, method: str, args: tuple, die: bool = False) -> tuple:
-        """Shard `shard`'s call on its worker -> (ObjectRef, the worker's pid); a worker that does
-        not hold the shard's cache (it replaced the one that did) first plays the shard's earlier
-        calls."""
-        actor, pid = _state["workers"][shard % self.count]
+        """Shard `shard`'s call on its worker -> (ObjectRef, the worker, the refs of the replayed
+        calls); a worker that does not hold the shard's cache (it replaced the one that did) first
+        plays the shard's earlier calls. A worker is its pool entry, compared by identity: pids
+        repeat across machines."""
+        worker = _state["workers"][shard % self.count]
+        actor = worker[0]
+        replays = []
         if key is not None:
             if self._calls[0] != key:  # a new caller: the last one's calls are not needed again
                 self._calls = (key, {}, {})
             _, calls, holder = self._calls
-            if holder.setdefault(shard, pid) != pid:
-                for earlier_method, earlier_args in calls.get(shard, []):
-                    getattr(actor, earlier_method).remote(*earlier_args)  # an actor runs calls in order
-                holder[shard] = pid
+            if holder.setdefault(shard, worker) is not worker:
+                for earlier_method, earlier_args in calls.get(shard, []):  # an actor runs one caller's calls in order
+                    replays.append(getattr(actor, earlier_method).remote(*earlier_args))
+                holder[shard] = worker
             calls.setdefault(shard, []).append((method, args))
         if method == "generate":
-            return actor.generate.remote(*args, die=die), pid
-        return getattr(actor, method).remote(*args), pid
+            return actor.generate.remote(*args, die=die), worker, replays
+        return getattr(actor, method).remote(*args), worker, replays
 
     def _gather(self, n: int, key: str | None, method: str, args: Callable, die: bool = False) -> list:
         """Run every shard's call (`args(shard, lo, hi)`) and return the results in shard order;
@@ -296,24 +300,24 @@ class RayEngine:
         workers(self.count)
         bounds = shard_bounds(n, self.shards)
         results: list[Any] = [None] * len(bounds)
-        pending = {}
+        pending = {}  # ref -> (shard, reruns, worker, replayed calls' refs)
         for k, (lo, hi) in enumerate(bounds):
-            ref, pid = self._submit(key, k, method, args(k, lo, hi), die=die and k == 0)
-            pending[ref] = (k, 0, pid)
+            ref, worker, replays = self._submit(key, k, method, args(k, lo, hi), die=die and k == 0)
+            pending[ref] = (k, 0, worker, replays)
         try:
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
                 stopping.check()
                 for ref in done:
-                    shard, reruns, pid = pending.pop(ref)
-                    try:
-                        results[shard] = ray.get(ref)
+                    shard, reruns, worker, replays = pending.pop(ref)
+                    try:  # the replays ran before the call (done): one that failed fails the step
+                        results[shard] = ray.get([*replays, ref])[-1]
                     except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as err:
-                        self._replace(shard, reruns, err, bounds, pid)
+                        self._replace(shard, reruns, err, bounds, worker)
                         if key is not None:  # the call is played again, after the earlier ones
                             self._calls[1][shard].pop()
-                        ref, pid = self._submit(key, shard, method, args(shard, *bounds[shard]))
-                        pending[ref] = (shard, reruns + 1, pid)
+                        ref, worker, replays = self._submit(key, shard, method, args(shard, *bounds[shard]))
+                        pending[ref] = (shard, reruns + 1, worker, replays)
                         continue
                     self.on_batch(bounds[shard][1] - bounds[shard][0])
         except BaseException:
@@ -322,16 +326,17 @@ class RayEngine:
             raise
         return results
 
-    def _replace(self, shard: int, reruns: int, err: Exception, bounds, pid: int) -> None:
-        """A new worker in place of the dead one (pid) that ran shard `shard`, unless a shard it
-        also ran replaced it already."""
+    def _replace(self, shard: int, reruns: int, err: Exception, bounds, worker: tuple) -> None:
+        """A new worker in place of the dead one that ran shard `shard` (its pool entry), unless
+        a shard it also ran replaced it already."""
         lo, hi = bounds[shard]
         slot = shard % self.count
         what = f"{self.role} shard {shard} (rows {lo}-{hi - 1} of {bounds[-1][1]})"
         if reruns >= MAX_RERUNS:
             raise RuntimeError(f"Ray workers died {reruns + 1} times running {what}: {err}") from err
-        if _state["workers"][slot][1] != pid:
+        if _state["workers"][slot] is not worker:
             return
+        pid = worker[1]
         _state["workers"][slot] = _start_worker()
         log.warning(
             "Ray worker %d (pid %d) died running %s: %s; the shard runs again on a new worker (pid %d), "

@@ -7,6 +7,11 @@ where the shards run. `run.executor: local` with `run.shards: N` plays the N sha
 another in this process (`ShardedEngine`); `run.executor: ray` plays the same N shards on its
 workers. Each shard keeps its own `PrefixCache` from call to call, here and on a worker, so the
 two write the same files.
+
+One condition: a shard's batches must be cut alike. An engine decodes `batch_size` rows at once,
+fewer only when their KV cache would take over a quarter of the free memory
+(`TransformersEngine.rows_at_once`); a process that short of memory batches differently, and its
+samples then differ in the last bits.
 """
 
 from __future__ import annotations
