@@ -593,10 +593,11 @@ class Config(_Section):
         for name, section in (("policy", self.policy), ("rm", self.rm), ("env_model", self.env_model)):
             if section.engine == "vllm" and section.top_p < 1:
                 raise ValueError(f"{name}.engine vllm records untruncated log-probs only with {name}.top_p: 1")
+        sharded = self.run.executor == "ray" or self.run.shard_count > 1
         for name, section in (("policy", self.policy), ("rm", self.rm)):  # the sampling steps' engines
-            if self.run.shard_count > 1 and section.engine != "transformers":
+            if sharded and section.engine != "transformers":
                 raise ValueError(
-                    f"run.shards > 1 and run.executor ray cut transformers engines' calls only ({name}.engine)"
+                    f"run.executor ray and run.shards > 1 cut transformers engines' calls only ({name}.engine)"
                 )
         if self.rm.role == "unit_tests" and not runs_code(self.env.kind):
             kinds = " or ".join(kind for kind in ENV_KINDS if runs_code(kind))

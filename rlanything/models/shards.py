@@ -16,6 +16,8 @@ samples then differ in the last bits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rlanything.models.generation import Generation, GenerationEngine, PrefixCache
 
 
@@ -60,33 +62,33 @@ class ShardedEngine:
             self._caller, self._caches = prefix_cache, [PrefixCache() for _ in range(self.shards)]
         return self._caches
 
+    def _each_shard(self, n: int, prefix_cache: PrefixCache | None, play: Callable) -> list:
+        """`play(lo, hi, shard's cache)` for every shard of n rows, in order -> their results, one
+        list; the caller's cache gets the shards' token counts."""
+        caches, out = self._shard_caches(prefix_cache), []
+        for (lo, hi), cache in zip(shard_bounds(n, self.shards), caches):
+            before = (cache.prompt_tokens, cache.reused_tokens) if cache is not None else None
+            out += play(lo, hi, cache)
+            if before is not None:
+                prefix_cache.prompt_tokens += cache.prompt_tokens - before[0]
+                prefix_cache.reused_tokens += cache.reused_tokens - before[1]
+        return out
+
     def generate(self, prompts, *, prefix_cache=None, row_ids=None, **kwargs) -> list[Generation]:
         ids = list(row_ids) if row_ids is not None else list(range(len(prompts)))
-        caches = self._shard_caches(prefix_cache)
-        out: list[Generation] = []
-        for k, (lo, hi) in enumerate(shard_bounds(len(prompts), self.shards)):
-            before = _counts(caches[k])
-            out += self.engine.generate(prompts[lo:hi], prefix_cache=caches[k], row_ids=ids[lo:hi], **kwargs)
-            _add_counts(prefix_cache, caches[k], before)
-        return out
+        return self._each_shard(
+            len(prompts),
+            prefix_cache,
+            lambda lo, hi, cache: self.engine.generate(
+                prompts[lo:hi], prefix_cache=cache, row_ids=ids[lo:hi], **kwargs
+            ),
+        )
 
     def score(self, prompts, continuations, *, temperature, prefix_cache=None) -> list[list[float]]:
-        caches = self._shard_caches(prefix_cache)
-        out: list[list[float]] = []
-        for k, (lo, hi) in enumerate(shard_bounds(len(prompts), self.shards)):
-            before = _counts(caches[k])
-            out += self.engine.score(
-                prompts[lo:hi], continuations[lo:hi], temperature=temperature, prefix_cache=caches[k]
-            )
-            _add_counts(prefix_cache, caches[k], before)
-        return out
-
-
-def _counts(cache: PrefixCache | None) -> tuple[int, int]:
-    return (cache.prompt_tokens, cache.reused_tokens) if cache is not None else (0, 0)
-
-
-def _add_counts(caller: PrefixCache | None, shard: PrefixCache | None, before: tuple[int, int]) -> None:
-    if caller is not None and shard is not None:
-        caller.prompt_tokens += shard.prompt_tokens - before[0]
-        caller.reused_tokens += shard.reused_tokens - before[1]
+        return self._each_shard(
+            len(prompts),
+            prefix_cache,
+            lambda lo, hi, cache: self.engine.score(
+                prompts[lo:hi], continuations[lo:hi], temperature=temperature, prefix_cache=cache
+            ),
+        )

@@ -290,8 +290,9 @@ def test_the_executor_settings_are_checked_and_left_out_of_the_digest():
     assert (local.run.shards, local.run.shard_count, ray.run.shard_count) == (None, 1, 8)  # one per worker
     sharded = load_config(TINY, ["run.shards=3"])
     assert sharded.run.shard_count == 3 and sharded.digest() == local.digest()
-    with pytest.raises(ConfigError, match="transformers engines"):  # vLLM batches as it likes: no shards
-        load_config(TINY, ["run.shards=2", "policy.engine=vllm"])
+    for sharded in ("run.shards=2", "run.executor=ray"):  # vLLM batches as it likes: no shards
+        with pytest.raises(ConfigError, match="transformers engines"):
+            load_config(TINY, [sharded, "policy.engine=vllm"])
     for bad in ("run.executor=dask", "run.ray_address=10.0.0.1", "run.ray_workers=0", "run.shards=0"):
         with pytest.raises(ConfigError, match=bad.split("=")[0].split(".")[1]):
             load_config(TINY, [bad])
