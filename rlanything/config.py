@@ -89,7 +89,7 @@ class RunConfig(_Section):
     same files (tested on configs/tiny.yaml), whatever the worker count, and a Ray worker that
     dies is replaced without a changed bit (unless a process is so short of memory that it
     decodes fewer rows at once: models/shards.py). Locally each shard keeps its own KV cache
-    (the engine's budget each); a local run pays ~18% for 2 shards on SmolLM2 (docs/scaling.md).
+    (the engine's budget each); a local run pays 3–18% for 2 shards on SmolLM2 (docs/scaling.md).
     Transformers engines only. Not in the run's digest: other shards move log-probs in their last
     bits and, rarely, a sampled token (measured: none on configs/tiny.yaml, 2 of 96 SmolLM2
     judgments)."""
