@@ -17,7 +17,7 @@ on the same random token rows (seed 0), for each precision of --precision in tur
 SmolLM2-135M-Instruct loaded in it (`load_model(path, "float32" | "bfloat16")`; one precision's
 model freed before the next is loaded):
   in rows    the prefix copied into every row's cache (SDPA over SHARED + OWN columns per row)
-  held once  the prefix's keys and values held once (models/prefix_attention.py) and OWN columns
+  held once  the prefix's keys and values held once (models/engines/prefix_attention.py) and OWN columns
              per row: what the engine does when a call's prompts share >= MIN_SHARED tokens
 Timed before our model is loaded (their threads, while alive, slow torch's down):
   ct2        CTranslate2 4.x on the model converted to float32 (the `cpu-engines` extra; skipped,
@@ -65,10 +65,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_line, fastest_ms, header, matmul_ceiling, params_of, profile_parts, timed  # noqa: E402
 from cpu_engines import CT2, OpenVino, default_precision, export_openvino, installed  # noqa: E402
 
-from rlanything.models.decode import Decoder  # noqa: E402
-from rlanything.models.generation import eos_ids_of  # noqa: E402
+from rlanything.models.engines.decode import Decoder  # noqa: E402
+from rlanything.models.engines.generation import eos_ids_of  # noqa: E402
+from rlanything.models.engines.prefix_attention import SharedPrefix, shared_prefix_attention  # noqa: E402
 from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
-from rlanything.models.prefix_attention import SharedPrefix, shared_prefix_attention  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 OV_NAMES = {"f32": "fp32", "bf16": "bf16"}  # OpenVINO's precision names -> ours

@@ -39,9 +39,9 @@ from _common import cpu_line, header  # noqa: E402
 from cpu_engines import CT2, installed  # noqa: E402
 from decode_step import ct2_step_ms, random_rows, step_ms, teacher_forced_logprobs  # noqa: E402
 
-from rlanything.models.generation import eos_ids_of  # noqa: E402
+from rlanything.models.engines.generation import eos_ids_of  # noqa: E402
+from rlanything.models.engines.prefix_attention import shared_prefix_attention  # noqa: E402
 from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
-from rlanything.models.prefix_attention import shared_prefix_attention  # noqa: E402
 
 
 def torch_int8(model):

@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import header, matmul_ceiling, params_of  # noqa: E402
 
 from rlanything.config import LoraConfig  # noqa: E402
-from rlanything.models.engine import response_logprobs  # noqa: E402
+from rlanything.models.engines.transformers_engine import response_logprobs  # noqa: E402
 from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
-from rlanything.models.lora import add_adapters  # noqa: E402
-from rlanything.models.trainer import Sample, TorchBackend, make_optimizer, ppo_update  # noqa: E402
+from rlanything.models.training.lora import add_adapters  # noqa: E402
+from rlanything.models.training.trainer import Sample, TorchBackend, make_optimizer, ppo_update  # noqa: E402
 
 
 def make_samples(model, n: int, prompt: int, response: int, pad_id: int) -> list[Sample]:
@@ -90,7 +90,7 @@ def main() -> None:
 
     from accelerate import Accelerator
 
-    from rlanything.models.distributed import AccelerateBackend
+    from rlanything.models.training.distributed import AccelerateBackend
 
     variants = {"torch": lambda: run(load_model(path), samples, pad_id, args.micro, TorchBackend())}
 

@@ -1,4 +1,4 @@
-"""What sharding generation over Ray costs (`run.executor: ray`, models/ray_engine.py).
+"""What sharding generation over Ray costs (`run.executor: ray`, models/engines/ray_engine.py).
 
     python benchmarks/ray_sharding.py [-c configs/tiny.yaml] [--set KEY=VALUE ...] [--rounds 3]
 
@@ -8,7 +8,7 @@ step), fp32. Compared in one process, interleaved, on the same tasks and seeds:
   local   one engine in this process, torch on 2 threads (what `executor: local` does here)
   local-1t  the same engines on 1 thread (separates the threads' cost from the sharding's)
   local-2s  the same engines on 2 threads, each call cut into 2 shards played in turn
-          (`run.shards: 2` locally, models/shards.py): the batches the Ray workers decode
+          (`run.shards: 2` locally, models/engines/shards.py): the batches the Ray workers decode
   ray     `RayEngine` over 2 Ray actors of one CPU each, on a local cluster this script
           starts (num_cpus 2, 150 MB object store) and stops
 Printed: the CPU, seconds per round of each (median), the ratio ray/local, the first call's
@@ -16,7 +16,7 @@ time on the workers (imports, loading both models), a weight sync (the policy wo
 other weights from a folder, as after an update), the round trip of a
 1-row, 1-token call through each (the fixed cost of one sharded call), and how many samples
 differ from local-1t's: logits agree across batch compositions to float rounding only, which
-now and then moves a sampled token (models/ray_engine.py); and how many of ray's differ from
+now and then moves a sampled token (models/engines/ray_engine.py); and how many of ray's differ from
 local-2s's, token ids or log-probs (the same shards: none expected). On 2 cores no gain is expected: 2 one-core workers have the cores one 2-thread process has;
 what is measured is what sharding adds.
 """
@@ -44,11 +44,11 @@ from rlanything.agent.judging import judge_as_configured  # noqa: E402
 from rlanything.agent.rollout import play_as_configured  # noqa: E402
 from rlanything.config import load_config  # noqa: E402
 from rlanything.envs import initial_specs  # noqa: E402
-from rlanything.models import ray_engine  # noqa: E402
-from rlanything.models.engine_factory import make_engine  # noqa: E402
-from rlanything.models.generation import PrefixCache  # noqa: E402
+from rlanything.models.engines import ray_engine  # noqa: E402
+from rlanything.models.engines.generation import PrefixCache  # noqa: E402
+from rlanything.models.engines.make import make_engine  # noqa: E402
+from rlanything.models.engines.shards import ShardedEngine  # noqa: E402
 from rlanything.models.loading import resolve_model_path  # noqa: E402
-from rlanything.models.shards import ShardedEngine  # noqa: E402
 from rlanything.seeding import derive_seed  # noqa: E402
 from rlanything.storage.buffer import initial_buffer, sample_batch  # noqa: E402
 from rlanything.tasks.scoring import steps_to_judge  # noqa: E402

@@ -24,7 +24,7 @@ environment's judge hint), fp32, at each batch size: `in-pass`, the engine
 decoding the constrained verdict in the generation pass (the default), against `two-pass`, the
 verdict scored after the reasoning (what engines without `decodes_choices` do), and `in-rows`,
 the default with the judge prompts' shared beginning copied into every row's cache instead of
-held once (models/prefix_attention.py). Printed per (mode, batch): seconds, forwards, mean rows
+held once (models/engines/prefix_attention.py). Printed per (mode, batch): seconds, forwards, mean rows
 per forward, mean prompt and response tokens.
 """
 
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import TokensFed, header  # noqa: E402
 
 from rlanything.agent.judging import judge_as_configured  # noqa: E402
-from rlanything.models.engine import TransformersEngine  # noqa: E402
+from rlanything.models.engines.transformers_engine import TransformersEngine  # noqa: E402
 from rlanything.models.judge import judge_steps  # noqa: E402
 from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
 
@@ -89,7 +89,7 @@ def replay(iteration_dir: str, config_path: str, batch_sizes: list[int]) -> None
     import pandas as pd
 
     from rlanything.config import load_config
-    from rlanything.models.generation import PrefixCache
+    from rlanything.models.engines.generation import PrefixCache
     from rlanything.tasks.scoring import steps_to_judge
 
     config = load_config(config_path)

@@ -23,7 +23,7 @@ every prompt and generated token once) and `effective`, the workload's tokens (e
 generated token once: what `plain` has to run) over the engine's time.
 Also checks that `engine`'s recorded log-probs equal a teacher-forced pass over its samples (so
 the speed-up is not bought with different numbers). Its tokens differ from `plain`'s: it samples
-by its own seed rule (models/decode.py: one noise stream per row), generate by torch's generator.
+by its own seed rule (models/engines/decode.py: one noise stream per row), generate by torch's generator.
 
     python benchmarks/rollout_engine.py --rollouts RUN/iter_0000/rollouts.parquet [--batch-sizes 32,64,128]
         [--new-tokens 64] [--temperature 0.7] [--openvino-ir DIR]
@@ -60,8 +60,8 @@ from _common import TokensFed, header, matmul_ceiling, params_of  # noqa: E402
 from cpu_engines import cpu_engines  # noqa: E402
 
 from rlanything.algo.losses import token_logprobs  # noqa: E402
-from rlanything.models.engine import TransformersEngine, response_logprobs  # noqa: E402
-from rlanything.models.generation import PrefixCache, eos_ids, finish, left_pad  # noqa: E402
+from rlanything.models.engines.generation import PrefixCache, eos_ids, finish, left_pad  # noqa: E402
+from rlanything.models.engines.transformers_engine import TransformersEngine, response_logprobs  # noqa: E402
 from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
 from rlanything.models.prompts import policy_messages, render  # noqa: E402
 
@@ -220,7 +220,7 @@ def start_vllm(engines: dict, path, tokenizer, args):
     if not Path(os.environ["RLANYTHING_VLLM_PYTHON"]).is_file():
         return None
     from rlanything.config import VllmConfig
-    from rlanything.models.vllm_engine import VllmEngine, VllmServer
+    from rlanything.models.engines.vllm_engine import VllmEngine, VllmServer
 
     cfg = VllmConfig(
         python=os.environ["RLANYTHING_VLLM_PYTHON"],

@@ -44,7 +44,7 @@ def main() -> None:
     from rlanything.algo.metrics import wilson_interval
     from rlanything.config import load_config
     from rlanything.envs import make_env
-    from rlanything.models.engine_factory import make_engine
+    from rlanything.models.engines.make import make_engine
     from rlanything.models.loading import resolve_model_path
     from rlanything.models.precision import precision_of
 

@@ -62,10 +62,10 @@ from rlanything.agent.rollout import play  # noqa: E402
 from rlanything.config import load_config  # noqa: E402
 from rlanything.envs.reasoning import ReasoningGymEnv  # noqa: E402
 from rlanything.envs.verification import verify_episode  # noqa: E402
-from rlanything.models.engine import TransformersEngine  # noqa: E402
+from rlanything.models.engines.transformers_engine import TransformersEngine  # noqa: E402
 from rlanything.models.loading import load_model, load_tokenizer, resolve_model_path  # noqa: E402
 from rlanything.models.prompts import policy_messages  # noqa: E402
-from rlanything.models.trainer import make_optimizer, ppo_update  # noqa: E402
+from rlanything.models.training.trainer import make_optimizer, ppo_update  # noqa: E402
 from rlanything.tasks.scoring import compute_samples  # noqa: E402
 from rlanything.tasks.update import to_samples  # noqa: E402
 

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_line, header, profile_parts  # noqa: E402
 
 from rlanything.config import load_config  # noqa: E402
-from rlanything.models.distributed import run_update  # noqa: E402
 from rlanything.models.precision import recompute_old_logprobs, run_precision  # noqa: E402
+from rlanything.models.training.distributed import run_update  # noqa: E402
 from rlanything.storage.layout import RunLayout  # noqa: E402
 from rlanything.tasks.update import _job, steps_taken, update_samples  # noqa: E402
 

@@ -29,7 +29,7 @@ from _common import cpu_line, header  # noqa: E402
 
 from rlanything.config import load_config  # noqa: E402
 from rlanything.models.loading import load_model, load_tokenizer  # noqa: E402
-from rlanything.models.trainer import Sample, epoch_mini_batches, ppo_update  # noqa: E402
+from rlanything.models.training.trainer import Sample, epoch_mini_batches, ppo_update  # noqa: E402
 from rlanything.seeding import derive_seed  # noqa: E402
 from rlanything.storage.layout import RunLayout  # noqa: E402
 from rlanything.tasks.common import model_path  # noqa: E402

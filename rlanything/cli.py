@@ -73,7 +73,7 @@ def _run(config_path: Path, overrides: list[str], iterations: int | None) -> Non
     try:
         config = load_config(config_path, overrides)  # fail fast, before Prefect starts
         if config.run.executor == "ray":  # so is a cluster that is not there: one line, no flow run
-            from rlanything.models.ray_engine import connect
+            from rlanything.models.engines.ray_engine import connect
 
             connect(config.run.ray_address)
     except ConfigError as err:

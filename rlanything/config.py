@@ -72,7 +72,7 @@ class RunConfig(_Section):
     their generation calls are cut into `shards` (contiguous rows, so whole task groups and a
     trajectory's steps stay together) played by `ray_workers` Ray actors that keep their engines
     loaded across iterations and reload only when a step names new weights, read from the run
-    folder (models/ray_engine.py; docs/scaling.md). Transformers engines only. Not in the run's
+    folder (models/engines/ray_engine.py; docs/scaling.md). Transformers engines only. Not in the run's
     digest: a run resumes on the other executor."""
     ray_address: str = "auto"
     """The Ray cluster of `executor: ray`: `auto` (the cluster `ray start` started on this
@@ -82,13 +82,13 @@ class RunConfig(_Section):
     """`executor: ray`: engine actors (one CPU each), each holding a policy and an RM engine;
     shard k of a call runs on worker k mod ray_workers."""
     shards: int | None = Field(None, ge=1)
-    """The slices a rollout or rm_score generation call is cut into (models/shards.py); null:
+    """The slices a rollout or rm_score generation call is cut into (models/engines/shards.py); null:
     `ray_workers` with `executor: ray`, 1 locally. A row's logits depend on its batch mates
     (~1e-6: they change the kernels' summation order), so the shard layout, not the executor,
     decides the samples bit for bit: a local run and a Ray run with the same `shards` write the
     same files (tested on configs/tiny.yaml), whatever the worker count, and a Ray worker that
     dies is replaced without a changed bit (unless a process is so short of memory that it
-    decodes fewer rows at once: models/shards.py). Locally each shard keeps its own KV cache
+    decodes fewer rows at once: models/engines/shards.py). Locally each shard keeps its own KV cache
     (the engine's budget each); a local run pays 3–18% for 2 shards on SmolLM2 (docs/scaling.md).
     Transformers engines only. Not in the run's digest: other shards move log-probs in their last
     bits and, rarely, a sampled token (measured: none on configs/tiny.yaml, 2 of 96 SmolLM2
@@ -518,7 +518,7 @@ class TrainConfig(_Section):
     launch: list[str] = []
     """With backend `accelerate`: the command prefix that runs each update in its own processes,
     e.g. [accelerate, launch, --config_file, configs/accelerate/deepspeed_zero2.yaml]; the task
-    appends `-m rlanything.models.distributed <job.json>` and waits. Empty: one in-process
+    appends `-m rlanything.models.training.distributed <job.json>` and waits. Empty: one in-process
     Accelerator (whatever `accelerate config` set as default, e.g. CPU)."""
 
     @model_validator(mode="after")

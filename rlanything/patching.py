@@ -1,7 +1,7 @@
 """`swapped`: an attribute of a library's module or class set for the length of a `with` block,
 then put back. For the few places where a library takes no option for what we need: how
 Prefect launches its temporary server (flows/servers.py), accelerate's DeepSpeed check
-(models/saving.py). It does what `unittest.mock.patch.object` does there, without a test
+(models/training/saving.py). It does what `unittest.mock.patch.object` does there, without a test
 library in the package. It imports nothing of ours: every layer may import it."""
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def small_run(prefect_server, tmp_path_factory, small_overrides) -> dict:
 def _tokens_fed(model):
     """-> list of (rows, non-pad tokens) of every forward of `model` inside the block: what an
     engine really ran (a decode step feeds one token per row, a prefill its prompts). A forward
-    over prefix trees (a 4D mask, models.packing) counts every column: the trees' nodes."""
+    over prefix trees (a 4D mask, models.training.packing) counts every column: the trees' nodes."""
     fed = []
 
     def count(module, args, kwargs):

@@ -198,8 +198,8 @@ def import_graph(package: Path) -> dict[str, set[str]]:
     at its top or inside a function.
 
     A name resolves to the module that defines it: `from rlanything.models import packing` is an
-    edge to rlanything.models.packing, `from rlanything.models.engine import X` one to
-    rlanything.models.engine. Imports under `if TYPE_CHECKING:` are left out: they never run, so
+    edge to rlanything.models.training.packing, `from rlanything.models.engines.transformers_engine import X` one to
+    rlanything.models.engines.transformers_engine. Imports under `if TYPE_CHECKING:` are left out: they never run, so
     they cannot make a circular import (and type checkers resolve such circles)."""
     files = {}
     for path in sorted(package.rglob("*.py")):
@@ -223,7 +223,9 @@ def import_graph(package: Path) -> dict[str, set[str]]:
                 names += [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
         graph[module] = set()
         for name in names:
-            while name and name not in files:  # rlanything.models.engine.X -> rlanything.models.engine
+            while (
+                name and name not in files
+            ):  # rlanything.models.engines.transformers_engine.X -> rlanything.models.engines.transformers_engine
                 name = name.rpartition(".")[0]
             if name and name != module:
                 graph[module].add(name)
@@ -313,7 +315,7 @@ LIBRARY_MODULES = [
     "rlanything.config",
     "rlanything.algo",
     "rlanything.envs",
-    "rlanything.models.engine",
+    "rlanything.models.engines.transformers_engine",
     "rlanything.envs.verification",
     "rlanything.agent.rollout",
     "rlanything.algo.samples",

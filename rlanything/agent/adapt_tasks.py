@@ -21,7 +21,7 @@ import json
 import pandas as pd
 
 from rlanything.algo.curriculum import adaptation_direction, judge_rewrite, task_accuracy
-from rlanything.models.engine_factory import make_engine
+from rlanything.models.engines.make import make_engine
 from rlanything.models.loading import resolve_model_path
 from rlanything.models.rewriters import ModelRewriter, RuleFailure, RuleRewriter, extractive_summary, failed_steps
 from rlanything.seeding import derive_seed

@@ -31,7 +31,7 @@ import pandas as pd
 from rlanything.agent.judging import judge_as_configured
 from rlanything.algo.rm_accuracy import outcome_prediction, process_accuracy, process_auroc, verdict_shares
 from rlanything.envs.verification import label_episode
-from rlanything.models.engine_factory import make_engine
+from rlanything.models.engines.make import make_engine
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
 from rlanything.storage.parquet import write_table

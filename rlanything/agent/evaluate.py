@@ -43,7 +43,7 @@ from rlanything.agent.rollout import play
 from rlanything.algo.parsing import FALLBACKS
 from rlanything.envs.base import Environment, make_env, replayable
 from rlanything.envs.heldout import drop_trained, heldout_specs
-from rlanything.models.generation import GenerationEngine
+from rlanything.models.engines.generation import GenerationEngine
 from rlanything.storage.parquet import read_table
 from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS, EVAL_STEPS
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from rlanything.config import Config
 from rlanything.envs import env_class
 from rlanything.envs.base import optional
-from rlanything.models.generation import GenerationEngine, PrefixCache
+from rlanything.models.engines.generation import GenerationEngine, PrefixCache
 from rlanything.models.judge import judge_steps
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from rlanything.algo.parsing import parse_answer
 from rlanything.envs import make_env
 from rlanything.envs.base import Environment, example_of, replayable, screenshot
-from rlanything.models.generation import GenerationEngine, PrefixCache
+from rlanything.models.engines.generation import GenerationEngine, PrefixCache
 from rlanything.models.prompts import policy_messages, render
 from rlanything.seeding import derive_seed, step_seed
 

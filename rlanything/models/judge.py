@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from rlanything.algo.parsing import extract_last_boxed, parse_step_score
-from rlanything.models.generation import Choice, Generation, GenerationEngine, PrefixCache
+from rlanything.models.engines.generation import Choice, Generation, GenerationEngine, PrefixCache
 from rlanything.models.prompts import judge_messages, render, unit_test_messages
 
 

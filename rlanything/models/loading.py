@@ -16,7 +16,7 @@ two builtins that need no download at all:
 * ``builtin:tiny-random`` -- a random-init Llama with the SmolLM2 tokenizer,
   small enough for tests; deterministic for a seed.
 
-Checkpoints the trainer writes (`models.saving.save_checkpoint`) load the same way, a LoRA
+Checkpoints the trainer writes (`models.training.saving.save_checkpoint`) load the same way, a LoRA
 checkpoint saved as its adapter alone (`lora.save: adapter`) merged into its base in memory.
 
 Cached folders are built in a temporary directory beside their target and
@@ -253,7 +253,7 @@ def load_model(path: Path, dtype: str = "float32", device: str = "cpu"):
     return model.to(placed).eval()
 
 
-# ---------------------------------------------------------------- LoRA checkpoints (models/lora.py)
+# ---------------------------------------------------------------- LoRA checkpoints (models/training/lora.py)
 
 ADAPTER_DIR = "adapter"  # a LoRA checkpoint's adapter (peft format) inside its folder
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from rlanything.models.generation import GenerationEngine
+from rlanything.models.engines.generation import GenerationEngine
 from rlanything.models.prompts import render
 
 SNIPPET = 240  # characters of one RM reasoning kept in an extractive summary

@@ -38,7 +38,7 @@ from rlanything.storage.layout import RunLayout
 
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _FULL_DISK_TEXT = re.compile(r"no space left|disk quota exceeded|file too large|os error (28|122|27)\b", re.I)
-OPTIMIZER_STATE = "optimizer.pt"  # AdamW's moments in a checkpoint folder (models.saving writes it)
+OPTIMIZER_STATE = "optimizer.pt"  # AdamW's moments in a checkpoint folder (models.training.saving writes it)
 OPTIMIZER_FILES = (OPTIMIZER_STATE, "deepspeed_state")  # AdamW moments: torch, DeepSpeed ZeRO
 KINDS = ("policy", "rm")
 _ITER = re.compile(r"iter_(\d+)$")

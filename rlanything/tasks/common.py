@@ -17,10 +17,10 @@ from prefect.cache_policies import CacheKeyFnPolicy
 from rlanything import stopping
 from rlanything.config import Config, load_config
 from rlanything.metric_names import step_time
-from rlanything.models.engine_factory import make_engine
+from rlanything.models.engines.make import make_engine
+from rlanything.models.engines.ray_engine import kill_a_worker_next, make_ray_engine
+from rlanything.models.engines.shards import ShardedEngine
 from rlanything.models.loading import resolve_model_path
-from rlanything.models.ray_engine import kill_a_worker_next, make_ray_engine
-from rlanything.models.shards import ShardedEngine
 from rlanything.storage import tracking
 from rlanything.storage.layout import STEPS, RunLayout
 from rlanything.tasks import cancellation
@@ -51,9 +51,9 @@ def model_path(config: Config, layout: RunLayout, kind: str, iteration: int) -> 
 
 
 def step_engine(config: Config, role: str, model_dir: Path, precision: str, on_batch, log_path: Path):
-    """The engine a sampling step generates with (`models.engine_factory.make_engine`), sharded
-    over the Ray cluster's engine actors with `run.executor: ray` (`models.ray_engine`), or cut
-    into the same `run.shards` here (`models.shards`)."""
+    """The engine a sampling step generates with (`models.engines.make.make_engine`), sharded
+    over the Ray cluster's engine actors with `run.executor: ray` (`models.engines.ray_engine`), or cut
+    into the same `run.shards` here (`models.engines.shards`)."""
     section = config.policy if role == "policy" else config.rm
     if config.run.executor == "ray":
         return make_ray_engine(config.run, section, role, model_dir, precision, on_batch)
@@ -114,7 +114,7 @@ def inject_fault(step: str, iteration: int, phase: str) -> None:
     test cancels the run from outside. PHASE is `start` (default) or `end`; STEP may also be
     `eval`, the held-out evaluation of ITERATION's checkpoint. "sigkill-worker:rollout@1" (with
     `run.executor: ray`) has the step's first sharded generation call kill its first Ray worker
-    with SIGKILL in the middle of its shard (`models.ray_engine.kill_a_worker_next`)."""
+    with SIGKILL in the middle of its shard (`models.engines.ray_engine.kill_a_worker_next`)."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return

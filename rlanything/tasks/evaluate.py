@@ -18,7 +18,7 @@ from rlanything.agent.evaluate import earlier_split, heldout_problems, play_gree
 from rlanything.algo.metrics import success_summary
 from rlanything.config import load_config
 from rlanything.envs.heldout import SPLITS
-from rlanything.models.engine_factory import make_engine
+from rlanything.models.engines.make import make_engine
 from rlanything.models.precision import precision_of
 from rlanything.reports.eval import RM_MEASURES, plot_splits, summary_markdown
 from rlanything.storage.buffer import read_buffer

@@ -17,7 +17,7 @@ from rlanything.algo.curriculum import success_rate
 from rlanything.algo.parsing import FALLBACKS
 from rlanything.environment import runs_code
 from rlanything.envs.verification import label_episode, verify_episode
-from rlanything.models.generation import PrefixCache
+from rlanything.models.engines.generation import PrefixCache
 from rlanything.models.precision import precision_of
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed

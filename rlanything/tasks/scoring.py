@@ -13,7 +13,7 @@ from rlanything.agent.judging import judge_as_configured
 from rlanything.algo.curriculum import tasks_in_bands
 from rlanything.algo.rm_accuracy import guard, outcome_prediction, process_accuracy, process_auroc, verdict_shares
 from rlanything.algo.samples import select_samples
-from rlanything.models.generation import PrefixCache
+from rlanything.models.engines.generation import PrefixCache
 from rlanything.models.precision import precision_of
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed

@@ -17,8 +17,8 @@ from rlanything import metric_names as names
 from rlanything.algo.coding import correct_test_pass_fraction, unit_test_samples, unit_test_scores
 from rlanything.config import Config
 from rlanything.envs.unit_tests import parse_unit_test, pass_matrix, unit_test_form
-from rlanything.models.engine_factory import make_engine
-from rlanything.models.generation import PrefixCache
+from rlanything.models.engines.generation import PrefixCache
+from rlanything.models.engines.make import make_engine
 from rlanything.models.judge import write_unit_tests
 from rlanything.models.precision import precision_of
 from rlanything.progress import progress

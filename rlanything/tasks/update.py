@@ -16,12 +16,12 @@ import pandas as pd
 from rlanything.algo.mismatch import combine_steps
 from rlanything.config import Config, PolicyConfig, RewardModelConfig
 from rlanything.metric_names import STEP_MEASURES, update_metric
-from rlanything.models.distributed import UpdateJob, launch_update, run_update
-from rlanything.models.generation import Choice
+from rlanything.models.engines.generation import Choice
 from rlanything.models.judge import chosen_tokens, verdict_choice
 from rlanything.models.loading import load_tokenizer
 from rlanything.models.precision import recompute_old_logprobs, run_precision
-from rlanything.models.trainer import Sample
+from rlanything.models.training.distributed import UpdateJob, launch_update, run_update
+from rlanything.models.training.trainer import Sample
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
 from rlanything.storage import tracking

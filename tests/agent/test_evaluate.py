@@ -18,8 +18,8 @@ from rlanything.envs import heldout  # noqa: E402
 from rlanything.envs.base import env_class  # noqa: E402
 from rlanything.envs.heldout import NoHeldOutSplit, drop_trained, heldout_specs, is_heldout_seed  # noqa: E402
 from rlanything.envs.reasoning import build_entry  # noqa: E402
-from rlanything.models.engine import TransformersEngine, positions  # noqa: E402
-from rlanything.models.generation import left_pad  # noqa: E402
+from rlanything.models.engines.generation import left_pad  # noqa: E402
+from rlanything.models.engines.transformers_engine import TransformersEngine, positions  # noqa: E402
 from rlanything.models.loading import load_model  # noqa: E402
 from rlanything.models.prompts import policy_messages, render  # noqa: E402
 from rlanything.seeding import SLOT_STRIDE  # noqa: E402

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from rlanything.agent.rollout import play
 from rlanything.envs import make_env
 from rlanything.envs.verification import replay_outcome
-from rlanything.models.generation import Generation
+from rlanything.models.engines.generation import Generation
 
 
 def user_messages(prompt_text: str) -> list[str]:

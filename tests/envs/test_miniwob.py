@@ -20,7 +20,7 @@ from rlanything.envs import env_class, initial_specs, make_env
 from rlanything.envs.browser_pool import BrowserFailure, process_pool
 from rlanything.envs.miniwob import FAMILIES, MiniWoBEnv, page_elements, parse_action
 from rlanything.envs.verification import replay_outcome
-from rlanything.models.generation import Generation
+from rlanything.models.engines.generation import Generation
 
 ALL_TASKS = [task for ladder in FAMILIES.values() for task in ladder]
 

@@ -34,12 +34,12 @@ pytest.importorskip("ray")
 
 from ray._raylet import Config  # noqa: E402
 
-from rlanything.models import ray_engine  # noqa: E402
+from rlanything.models.engines import ray_engine  # noqa: E402
 from rlanything.storage.layout import RunLayout  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs" / "tiny.yaml")
-# the local run plays the 2 shards a 2-worker Ray run plays (models/shards.py)
+# the local run plays the 2 shards a 2-worker Ray run plays (models/engines/shards.py)
 SHARDS = ["run.shards=2"]
 COMPARED = ("rollouts", "judgments", "advantages")
 CLIENT: dict[str, str] = {}  # a cluster's address -> its Ray Client address (`ray://host:port`)
@@ -175,10 +175,10 @@ def test_a_replaced_worker_rebuilds_its_shards_caches(ray_cluster):
     equal a local `ShardedEngine`'s bit for bit. The comparison can tell: a fresh cache (what a
     replacement would have without the replay) gives other log-probs."""
     from rlanything.config import load_config
-    from rlanything.models.engine_factory import make_engine
-    from rlanything.models.generation import PrefixCache
+    from rlanything.models.engines.generation import PrefixCache
+    from rlanything.models.engines.make import make_engine
+    from rlanything.models.engines.shards import ShardedEngine
     from rlanything.models.loading import resolve_model_path
-    from rlanything.models.shards import ShardedEngine
 
     section = load_config(TINY).policy
     model = resolve_model_path(section.model)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlanything.models.engine import TransformersEngine
+from rlanything.models.engines.transformers_engine import TransformersEngine
 from rlanything.models.loading import load_model, load_tokenizer, tiny_model_dir
 from rlanything.storage import schemas
 from rlanything.storage.layout import RunLayout
@@ -46,7 +46,7 @@ def run(prefect_server, tmp_path_factory):
     ]
     yield train_flow(str(REPO / "configs" / "tiny.yaml"), overrides), model
     # the run's servers live as long as this process (a run's steps share them): not the suite's
-    from rlanything.models.vllm_engine import close_servers
+    from rlanything.models.engines.vllm_engine import close_servers
 
     close_servers()
 

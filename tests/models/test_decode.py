@@ -1,4 +1,4 @@
-"""Continuous batching (models/decode.py): the sampling rule by hand, the seed rule replayed from a
+"""Continuous batching (models/engines/decode.py): the sampling rule by hand, the seed rule replayed from a
 teacher-forced pass, samples independent of the batch, rows refilled as others end."""
 
 import math
@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from rlanything.models.decode import Decoder, GrowingLayer, sample, uniforms
-from rlanything.models.engine import TransformersEngine
-from rlanything.models.generation import left_pad
+from rlanything.models.engines.decode import Decoder, GrowingLayer, sample, uniforms
+from rlanything.models.engines.generation import left_pad
+from rlanything.models.engines.transformers_engine import TransformersEngine
 from rlanything.models.loading import load_model
 from rlanything.models.prompts import policy_messages, render
 

@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from rlanything.config import ConfigError, LoraConfig, build_config
-from rlanything.models.distributed import (
+from rlanything.models.engines.transformers_engine import TransformersEngine
+from rlanything.models.loading import load_model
+from rlanything.models.prompts import policy_messages, render
+from rlanything.models.training.distributed import (
     UpdateJob,
     clear_stale_build_locks,
     launch_update,
@@ -17,10 +20,7 @@ from rlanything.models.distributed import (
     run_update,
     write_job,
 )
-from rlanything.models.engine import TransformersEngine
-from rlanything.models.loading import load_model
-from rlanything.models.prompts import policy_messages, render
-from rlanything.models.trainer import Sample
+from rlanything.models.training.trainer import Sample
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,7 +57,7 @@ def job(start, out, lora=False, **kw):
 
 def assert_same_weights(a: Path, b: Path, atol=1e-5, lr=1e-3, updates=2):
     """Equal up to float rounding: the processes' micro-batches pack their samples into other
-    prefix trees (models.packing) than one process does, so sums run in another order. Adam
+    prefix trees (models.training.packing) than one process does, so sums run in another order. Adam
     divides each gradient by its own running scale, so a weight whose gradient is itself at
     rounding level can move by up to lr per update in either run: such weights may differ by up
     to 2 · lr · updates, and only a few may (at most 1 in 1,000, checked). All others agree to
@@ -190,7 +190,7 @@ def _drift(start: Path, out: Path, samples, pad_id: int) -> float:
     import torch
 
     from rlanything.algo.losses import k3_kl
-    from rlanything.models.trainer import teacher_forced_logprobs
+    from rlanything.models.training.trainer import teacher_forced_logprobs
 
     def logprobs(path):
         return teacher_forced_logprobs(load_model(path), samples, pad_id, 1.0, 8, contextlib.nullcontext())

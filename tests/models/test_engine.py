@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from rlanything.models.engine import MIN_SHARED, TransformersEngine, response_logprobs
-from rlanything.models.generation import PrefixCache, left_pad
+from rlanything.models.engines.generation import PrefixCache, left_pad
+from rlanything.models.engines.kv_planner import KvPlanner
+from rlanything.models.engines.transformers_engine import MIN_SHARED, TransformersEngine, response_logprobs
 from rlanything.models.judge import verdict_choice
-from rlanything.models.kv_planner import KvPlanner
 from rlanything.models.loading import load_model
 from rlanything.models.prompts import policy_messages, render
 
@@ -198,7 +198,7 @@ def test_a_later_batch_reuses_the_kv_of_an_earlier_batch_of_the_same_call(engine
 
 
 def test_finish_cuts_after_the_first_eos_and_keeps_an_engines_own_reason(tiny_tokenizer):
-    from rlanything.models.generation import eos_ids, finish
+    from rlanything.models.engines.generation import eos_ids, finish
 
     eos = eos_ids([2, 7], tiny_tokenizer)
     assert eos == sorted({2, 7, tiny_tokenizer.eos_token_id})

@@ -7,7 +7,7 @@ import torch
 
 from rlanything.agent.adapt_tasks import environment_model as env_model_rewriter
 from rlanything.config import build_config
-from rlanything.models.engine import TransformersEngine
+from rlanything.models.engines.transformers_engine import TransformersEngine
 from rlanything.models.loading import resolve_device
 
 POLICY = {"model": "builtin:tiny-random", "precision": "fp32", "batch_size": 32}

@@ -5,8 +5,8 @@ import math
 import pytest
 
 from rlanything.algo.parsing import parse_step_score
-from rlanything.models.engine import TransformersEngine
-from rlanything.models.generation import Choice, PrefixCache
+from rlanything.models.engines.generation import Choice, PrefixCache
+from rlanything.models.engines.transformers_engine import TransformersEngine
 from rlanything.models.judge import judge_steps
 from rlanything.models.loading import load_model
 
@@ -179,7 +179,7 @@ def test_the_verdict_decoded_in_the_generation_pass_follows_the_models_probabili
     """The engine appends the verdict while decoding (no second scoring pass): judgment n picks 1
     iff its row's last uniform is below p("1") / (p("1") + p("-")) after prompt + reasoning +
     "\\n\\\\boxed{", as a teacher-forced pass computes them; an EOS gave way to the opener."""
-    from rlanything.models.decode import uniforms
+    from rlanything.models.engines.decode import uniforms
     from rlanything.models.judge import verdict_choice
 
     choice = verdict_choice(tiny_tokenizer)

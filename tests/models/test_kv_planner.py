@@ -1,8 +1,8 @@
 """The KV planner's cost rule, with token counts written out by hand (the engine tests check
 that every source samples and scores as a plain prefill does)."""
 
-from rlanything.models.kv_planner import kv_source, padded_tokens, tree_tokens
-from rlanything.models.packing import pack
+from rlanything.models.engines.kv_planner import kv_source, padded_tokens, tree_tokens
+from rlanything.models.training.packing import pack
 
 
 def test_padded_tokens_count_rows_times_the_longest_part_left():

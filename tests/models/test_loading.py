@@ -22,7 +22,7 @@ from rlanything.models.loading import (
     smollm2_tokenizer_dir,
     tiny_model_dir,
 )
-from rlanything.models.saving import save_checkpoint
+from rlanything.models.training.saving import save_checkpoint
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO_ROOT = Path(__file__).resolve().parents[2]

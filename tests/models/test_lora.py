@@ -7,12 +7,12 @@ import torch
 from safetensors.torch import load_file
 
 from rlanything.config import ConfigError, LoraConfig, build_config
-from rlanything.models.distributed import UpdateJob, run_update
-from rlanything.models.engine import TransformersEngine, response_logprobs
+from rlanything.models.engines.transformers_engine import TransformersEngine, response_logprobs
 from rlanything.models.loading import ADAPTER_DIR, is_adapter_only, load_model
-from rlanything.models.lora import add_adapters, load_for_training
 from rlanything.models.prompts import policy_messages, render
-from rlanything.models.trainer import Sample, make_optimizer, ppo_update
+from rlanything.models.training.distributed import UpdateJob, run_update
+from rlanything.models.training.lora import add_adapters, load_for_training
+from rlanything.models.training.trainer import Sample, make_optimizer, ppo_update
 
 LORA = LoraConfig(enabled=True, r=4, alpha=8.0)
 

@@ -4,10 +4,10 @@ import random
 
 import torch
 
-from rlanything.models import packing
-from rlanything.models.engine import response_logprobs
+from rlanything.models.engines.transformers_engine import response_logprobs
 from rlanything.models.loading import load_model
-from rlanything.models.packing import PrefixTree, pack, packed_response_logprobs
+from rlanything.models.training import packing
+from rlanything.models.training.packing import PrefixTree, pack, packed_response_logprobs
 
 
 def shared_batch(seed: int = 0):

@@ -10,8 +10,7 @@ import torch
 from test_distributed import job as update_job  # the distributed tests' UpdateJob
 
 from rlanything.config import ConfigError, build_config
-from rlanything.models.distributed import run_update
-from rlanything.models.engine import TransformersEngine
+from rlanything.models.engines.transformers_engine import TransformersEngine
 from rlanything.models.loading import load_model
 from rlanything.models.precision import (
     FLAGS_ENV,
@@ -23,7 +22,8 @@ from rlanything.models.precision import (
     resolve,
     run_precision,
 )
-from rlanything.models.trainer import Sample, make_optimizer, ppo_update, with_trainer_logprobs
+from rlanything.models.training.distributed import run_update
+from rlanything.models.training.trainer import Sample, make_optimizer, ppo_update, with_trainer_logprobs
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Attention over a shared prompt prefix held once (models/prefix_attention.py): by hand, against
+"""Attention over a shared prompt prefix held once (models/engines/prefix_attention.py): by hand, against
 SDPA over the concatenated keys, inside a model, and in the engine (same samples as without)."""
 
 import math
@@ -8,13 +8,13 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-import rlanything.models.engine as engine_module
-from rlanything.models.decode import positions
-from rlanything.models.engine import TransformersEngine
-from rlanything.models.generation import PrefixCache
+import rlanything.models.engines.transformers_engine as engine_module
+from rlanything.models.engines.decode import positions
+from rlanything.models.engines.generation import PrefixCache
+from rlanything.models.engines.prefix_attention import NAME, SharedPrefix, attention, shared_prefix_attention
+from rlanything.models.engines.transformers_engine import TransformersEngine
 from rlanything.models.judge import verdict_choice
 from rlanything.models.loading import load_model
-from rlanything.models.prefix_attention import NAME, SharedPrefix, attention, shared_prefix_attention
 from rlanything.models.prompts import policy_messages, render
 
 

@@ -5,7 +5,7 @@ import pandas as pd
 from rlanything.agent.adapt_tasks import first_valid
 from rlanything.config import build_config
 from rlanything.envs.reasoning import ReasoningGymEnv
-from rlanything.models.engine import TransformersEngine
+from rlanything.models.engines.transformers_engine import TransformersEngine
 from rlanything.models.loading import load_model
 from rlanything.models.rewriters import ModelRewriter, RuleRewriter, extractive_summary, failed_steps
 

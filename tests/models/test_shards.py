@@ -4,10 +4,10 @@ each shard with its own prefix cache (the Ray executor's layout, run locally).""
 import numpy as np
 import pytest
 
-from rlanything.models.engine import TransformersEngine
-from rlanything.models.generation import PrefixCache
+from rlanything.models.engines.generation import PrefixCache
+from rlanything.models.engines.shards import ShardedEngine, shard_bounds
+from rlanything.models.engines.transformers_engine import TransformersEngine
 from rlanything.models.loading import load_model
-from rlanything.models.shards import ShardedEngine, shard_bounds
 
 SAMPLE = dict(max_new_tokens=6, temperature=1.0, top_p=1.0, seed=5)
 

@@ -10,10 +10,10 @@ import pytest
 from test_distributed import job, samples  # noqa: F401  (samples: the fixture)
 
 from rlanything import stopping
-from rlanything.models.distributed import run_update
-from rlanything.models.engine import TransformersEngine
+from rlanything.models.engines.transformers_engine import TransformersEngine
 from rlanything.models.loading import load_model
 from rlanything.models.prompts import policy_messages, render
+from rlanything.models.training.distributed import run_update
 from rlanything.progress import progress
 
 

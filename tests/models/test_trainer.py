@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from rlanything.algo.losses import ppo_clip_loss
-from rlanything.models.engine import TransformersEngine, response_logprobs
+from rlanything.models.engines.transformers_engine import TransformersEngine, response_logprobs
 from rlanything.models.loading import load_model
 from rlanything.models.prompts import policy_messages, render
-from rlanything.models.saving import OPTIMIZER_STATE, save_checkpoint
-from rlanything.models.trainer import Sample, make_optimizer, ppo_update
+from rlanything.models.training.saving import OPTIMIZER_STATE, save_checkpoint
+from rlanything.models.training.trainer import Sample, make_optimizer, ppo_update
 
 
 def batch(model_path, tokenizer):

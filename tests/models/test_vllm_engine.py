@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from rlanything.config import ConfigError, VllmConfig, build_config
-from rlanything.models.engine import TransformersEngine
+from rlanything.models.engines.transformers_engine import TransformersEngine
+from rlanything.models.engines.vllm_engine import VllmEngine, VllmServer
 from rlanything.models.loading import load_model, load_tokenizer, tiny_model_dir
 from rlanything.models.prompts import policy_messages, render
-from rlanything.models.saving import save_checkpoint
-from rlanything.models.vllm_engine import VllmEngine, VllmServer
+from rlanything.models.training.saving import save_checkpoint
 from rlanything.seeding import slot_seed
 
 VLLM_PYTHON = os.environ.get("RLANYTHING_VLLM_PYTHON", "")
@@ -99,7 +99,7 @@ def test_a_failed_inplace_reload_says_why_before_it_restarts(tmp_path, caplog):
     server.http = _Http(fail=ConnectionError("collective_rpc refused"))
     restarted = []
     server._restart = restarted.append
-    with caplog.at_level("WARNING", logger="rlanything.models.vllm_engine"):
+    with caplog.at_level("WARNING", logger="rlanything.models.engines.vllm_engine"):
         server.load(tmp_path / "iter_0001")
     assert restarted == [(tmp_path / "iter_0001").resolve()]
     assert "collective_rpc refused" in caplog.text and "restarting" in caplog.text
@@ -223,7 +223,7 @@ def test_vllm_serves_new_weights_after_load(engines, tmp_path, reload):
 
 def test_make_engine_picks_the_configured_engine(tiny_model_path):
     from rlanything.config import PolicyConfig
-    from rlanything.models.engine_factory import make_engine
+    from rlanything.models.engines.make import make_engine
 
     engine, tokenizer = make_engine(
         PolicyConfig(model="builtin:tiny-random", batch_size=3), "policy", tiny_model_path, "fp32"

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from rlanything.models.loading import load_model, load_tokenizer
-from rlanything.models.saving import save_checkpoint, tensor_bytes
-from rlanything.models.trainer import make_optimizer
+from rlanything.models.training.saving import save_checkpoint, tensor_bytes
+from rlanything.models.training.trainer import make_optimizer
 from rlanything.storage.checkpoints import CheckpointWriteError, folder_bytes, prune, write_folder
 from rlanything.storage.layout import RunLayout
 

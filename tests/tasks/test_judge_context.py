@@ -48,7 +48,7 @@ def test_compact_observations_show_the_rm_the_games_words_without_the_policys_co
     from rlanything.agent.judging import judge_as_configured
     from rlanything.config import load_config
     from rlanything.envs.textgame import invalid_observation, observation
-    from rlanything.models.engine import TransformersEngine
+    from rlanything.models.engines.transformers_engine import TransformersEngine
     from rlanything.models.loading import load_model
 
     first = observation("Put the key in the box.", "-= Attic =-\nYou see a key.", ["look", "take key"])

@@ -85,7 +85,7 @@ def test_multi_turn_samples_mask_only_the_step_tokens():
 
 
 def test_rm_samples_can_leave_the_forced_verdict_tokens_out():
-    from rlanything.models.generation import Choice
+    from rlanything.models.engines.generation import Choice
 
     choice = Choice([7, 8], {1: [3], -1: [4, 3]}, [9])  # opener, options, closer
     rows = pd.DataFrame(

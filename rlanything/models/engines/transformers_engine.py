@@ -1,13 +1,13 @@
 """The transformers engine: batched `model.generate` that returns token ids and per-token log-probs.
 
-`TransformersEngine` implements `GenerationEngine` (models/generation.py), as `VllmEngine`
-(models/vllm_engine.py) does over a vLLM server; `make_engine` (models/engine_factory.py) picks
+`TransformersEngine` implements `GenerationEngine` (models/engines/generation.py), as `VllmEngine`
+(models/engines/vllm_engine.py) does over a vLLM server; `make_engine` (models/engines/make.py) picks
 one from a config section. Log-probs are those of the temperature-scaled distribution
 (log_softmax(logits / T)), without top-p truncation, computed from the same forward pass that
 sampled the token; the trainer computes new log-probs the same way (`response_logprobs`), so PPO
 ratios compare like with like (measured here: same precision, same code path). Where a batch's KV
 comes from (rows kept from an earlier call, one prefix-tree forward, or a plain prefill) is
-models/kv_planner.py's; the decode loop is models/decode.py's. Generation checks
+models/engines/kv_planner.py's; the decode loop is models/engines/decode.py's. Generation checks
 for a stop request (`rlanything.stopping`) before each batch and at every decoding step, scoring
 before each batch: Ctrl-C ends a step within one forward.
 """
@@ -22,11 +22,11 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessor, Logits
 
 from rlanything import stopping
 from rlanything.algo.losses import token_logprobs
-from rlanything.models.decode import Decoder, full_attention, kv_bytes_per_token, positions
-from rlanything.models.generation import Generation, eos_ids, finish, left_pad
-from rlanything.models.kv_planner import KvPlanner
-from rlanything.models.packing import packed_response_logprobs
-from rlanything.models.prefix_attention import SharedPrefix, shared_prefix_attention
+from rlanything.models.engines.decode import Decoder, full_attention, kv_bytes_per_token, positions
+from rlanything.models.engines.generation import Generation, eos_ids, finish, left_pad
+from rlanything.models.engines.kv_planner import KvPlanner
+from rlanything.models.engines.prefix_attention import SharedPrefix, shared_prefix_attention
+from rlanything.models.training.packing import packed_response_logprobs
 
 MIN_SHARED = 8  # a call's prompts sharing fewer leading tokens decode without a SharedPrefix
 
@@ -151,7 +151,7 @@ class TransformersEngine:
     def generate(
         self, prompts, *, max_new_tokens, temperature, top_p, seed, prefix_cache=None, choice=None, row_ids=None
     ):
-        """Continuous batching (`models.decode`): prompts join in order of length as rows end;
+        """Continuous batching (`models.engines.decode`): prompts join in order of length as rows end;
         samples follow the decode module's seed rule (row i of the call, or row `row_ids[i]` of
         the call a shard was cut from: its own noise stream). `choice`: a `Choice` appended to
         every row in the same pass. Models with sliding-window layers decode in fixed batches

@@ -15,11 +15,11 @@ add a copy of every tensor through the driver, which does not even hold them (th
 under `accelerate launch`). A worker reloads when the step's `model_dir` differs from the one it
 holds: once per iteration and role.
 
-Shards: contiguous slices of a call's rows (`run.shards`, models/shards.py). The rollout's rows
+Shards: contiguous slices of a call's rows (`run.shards`, models/engines/shards.py). The rollout's rows
 are its episodes in task-group order and the judge's are steps in trajectory order, so a shard
 holds whole task groups (and consecutive steps that share a judge prompt's history) up to the
 cut, and each shard keeps its own `PrefixCache` on its worker from turn to turn. Each row keeps
-its index in the whole call (`row_ids`), which picks its noise stream (models/decode.py's seed
+its index in the whole call (`row_ids`), which picks its noise stream (models/engines/decode.py's seed
 rule), so a shard draws the uniforms one process would. A row's batch mates (the padding and KV
 layout of its decode batch) change the attention's summation order by ~1e-6, so the logits
 depend on the shard layout: a local run that plays the same shards in turn (`ShardedEngine`)
@@ -51,10 +51,10 @@ from typing import Any
 
 from rlanything import stopping
 from rlanything.config import ConfigError
-from rlanything.models.decode import full_attention
-from rlanything.models.generation import Generation, PrefixCache, eos_ids_of
+from rlanything.models.engines.decode import full_attention
+from rlanything.models.engines.generation import Generation, PrefixCache, eos_ids_of
+from rlanything.models.engines.shards import shard_bounds
 from rlanything.models.loading import load_tokenizer
-from rlanything.models.shards import shard_bounds
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class EngineWorker:
         return os.getpid()
 
     def _engine(self, role: str, spec: tuple):
-        from rlanything.models.engine_factory import make_engine
+        from rlanything.models.engines.make import make_engine
 
         if role not in self.engines or self.engines[role][0] != spec:
             self.engines.pop(role, None)  # free the old weights before loading the new

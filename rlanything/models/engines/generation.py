@@ -2,8 +2,8 @@
 (`Generation`), the KV a multi-turn caller keeps between calls (`PrefixCache`), and the end-of-turn
 helpers (`eos_ids`, `finish`) both engines use.
 
-The engines: `TransformersEngine` (models/engine.py) and `VllmEngine` (models/vllm_engine.py);
-`make_engine` (models/engine_factory.py) builds the one a config section names. Neither engine
+The engines: `TransformersEngine` (models/engines/transformers_engine.py) and `VllmEngine` (models/engines/vllm_engine.py);
+`make_engine` (models/engines/make.py) builds the one a config section names. Neither engine
 imports the other: a new engine needs only this module.
 """
 
@@ -46,7 +46,7 @@ class Choice:
         """The option drawn with the uniform `u`: the first option (in `options`' order) whose
         cumulative probability, renormalised over the options, exceeds u; for {1, -1}: 1 iff
         u < p(1) / (p(1) + p(-1)). The one verdict rule: the engine that decodes a Choice draws u
-        from the row's noise stream (models/decode.py), the judge's fallback from its own
+        from the row's noise stream (models/engines/decode.py), the judge's fallback from its own
         `random.Random(seed)` (models/judge.py).
         first_logprobs (K,): each option's first token's log-prob under temperature T, in
         `options`' order; computed in their dtype. Example: log [0.2, 0.6] -> [0.25, 0.75]
@@ -137,7 +137,7 @@ class GenerationEngine(Protocol):
         samples. `prefix_cache`: the caller's KV of its last call (engines that cache prefixes
         themselves ignore it). `choice`: a `Choice` appended to every generation, its option in
         `Generation.choice` (engines with `decodes_choices` only; the others raise ValueError).
-        `row_ids`: each prompt's index in the whole call a shard was cut from (models/shards.py),
+        `row_ids`: each prompt's index in the whole call a shard was cut from (models/engines/shards.py),
         which picks its noise stream; None: its place in this call."""
         ...
 

@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rlanything import procs, stopping
-from rlanything.models.generation import Generation, finish
+from rlanything.models.engines.generation import Generation, finish
 from rlanything.seeding import slot_seed
 
 SERVED_NAME = "rlanything"

@@ -1,5 +1,5 @@
 """Where the KV of a batch's prompts comes from before the transformers engine decodes or scores
-them (models/engine.py): rows a `PrefixCache` kept, one forward over the prompts' prefix trees, or
+them (models/engines/transformers_engine.py): rows a `PrefixCache` kept, one forward over the prompts' prefix trees, or
 nothing (the decoder's admission forward, or the scoring forward, feeds the prompts whole).
 
 Multi-turn prompts extend the rows kept from the last turn, the RM's judgment of step k+1 repeats
@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from rlanything.models.decode import Decoder, kv_bytes_per_token
-from rlanything.models.generation import PrefixCache, left_pad
-from rlanything.models.packing import PrefixTree, pack, tree_inputs
-from rlanything.models.prefix_attention import SharedPrefix, forward
+from rlanything.models.engines.decode import Decoder, kv_bytes_per_token
+from rlanything.models.engines.generation import PrefixCache, left_pad
+from rlanything.models.engines.prefix_attention import SharedPrefix, forward
+from rlanything.models.training.packing import PrefixTree, pack, tree_inputs
 
 
 def padded_tokens(seqs: list[list[int]], reused: list[int], start: int = 0) -> int:
@@ -145,7 +145,7 @@ class KvPlanner:
 
         The G rollouts of a problem and the m judgments of a step repeat their prompt, and all
         judge prompts share their instructions: a forward over the prompts' prefix trees
-        (`models.packing`) runs each shared token once, then each row gathers its path's KV.
+        (`models.training.packing`) runs each shared token once, then each row gathers its path's KV.
         trees, groups: `packing.pack` of the batch's prompts without their last token."""
         ids, pos, mask = tree_inputs(trees, self.pad_id)
         device = self.model.device

@@ -2,7 +2,7 @@
 
 A checkpoint folder holds the HF weights (safetensors, `config.json`, generation config) and
 the tokenizer, or for a LoRA model the adapter in `adapter/` plus merged weights or, with
-`lora.save: adapter`, only `config.json` and the tokenizer (models/lora.py says why); and, for
+`lora.save: adapter`, only `config.json` and the tokenizer (models/training/lora.py says why); and, for
 resuming AdamW's moments, `optimizer.pt`. `loading.load_model` reads every kind back.
 The folder is replaced whole or not at all (`storage.checkpoints.write_folder`): it is complete
 before it appears, and a full disk leaves nothing behind and raises `CheckpointWriteError`.
@@ -28,7 +28,7 @@ def save_checkpoint(model, tokenizer, optimizer, out_dir: Path, lora_save: str |
     """Write the checkpoint folder `out_dir`, replacing it whole or not at all (a full disk
     raises `storage.checkpoints.CheckpointWriteError` and leaves nothing behind): the HF weights
     and tokenizer (`state_dict` replaces the model's own, as DeepSpeed ZeRO-3 gathers them), or
-    with `lora_save` ("merged" / "adapter") the LoRA folder of `models.lora`, plus `optimizer.pt`
+    with `lora_save` ("merged" / "adapter") the LoRA folder of `models.training.lora`, plus `optimizer.pt`
     for resuming AdamW's moments (skipped when `optimizer` is None: a model folder alone, or
     DeepSpeed, which keeps its own).
 

@@ -31,8 +31,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from rlanything.models.generation import Choice
-from rlanything.models.prefix_attention import SharedPrefix, forward
+from rlanything.models.engines.generation import Choice
+from rlanything.models.engines.prefix_attention import SharedPrefix, forward
 
 
 class GrowingLayer(DynamicLayer):
@@ -149,7 +149,7 @@ class Decoder:
     for every row, both return the slots of rows that just ended (their KV is still readable
     with `row_kv` until the next call). Invariant: the cache holds `attn.shape[1]` columns and
     `feed` is each row's token not yet in it (its last sample). With a `SharedPrefix` (a prompt
-    beginning every row shares, models/prefix_attention.py) the cache and `attn` hold only the
+    beginning every row shares, models/engines/prefix_attention.py) the cache and `attn` hold only the
     columns after it, position ids count it, and every forward attends to it."""
 
     def __init__(

@@ -9,10 +9,10 @@ either backend:
 * `accelerate` — an `accelerate.Accelerator` wraps model and optimizer. In-process it is a
   single process (useful on one GPU for mixed precision, and as the CPU test of this path).
   With `train.launch` set, the step writes the job to `<job>.json` + `<job>.samples.parquet`
-  and runs `<launch...> -m rlanything.models.distributed <job>.json`, e.g.
+  and runs `<launch...> -m rlanything.models.training.distributed <job>.json`, e.g.
 
       accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml \\
-          -m rlanything.models.distributed runs/NAME/iter_0003/.jobs/policy_update.json
+          -m rlanything.models.training.distributed runs/NAME/iter_0003/.jobs/policy_update.json
 
   Every process reads the job, trains on its share of each mini-batch, and process 0 writes
   the checkpoint and `<job>.history.json`. A job file holds absolute paths only, so on a
@@ -47,10 +47,10 @@ import torch
 from rlanything import procs
 from rlanything.algo.schedule import learning_rate
 from rlanything.models.loading import ADAPTER_DIR, load_model, resolve_device
-from rlanything.models.lora import load_for_training
 from rlanything.models.precision import ACCELERATE_PRECISION
-from rlanything.models.saving import OPTIMIZER_STATE, save_checkpoint
-from rlanything.models.trainer import (
+from rlanything.models.training.lora import load_for_training
+from rlanything.models.training.saving import OPTIMIZER_STATE, save_checkpoint
+from rlanything.models.training.trainer import (
     Sample,
     TorchBackend,
     autocast_for,
@@ -345,7 +345,7 @@ def clear_stale_build_locks(max_age_s: float = STALE_BUILD_LOCK_S) -> list[Path]
 def launch_update(
     job: UpdateJob, samples: list[Sample], launch: list[str], job_path: Path, timeout_s: float | None = None
 ) -> list[dict]:
-    """Run the job as `<launch...> -m rlanything.models.distributed <job_path>`; -> its history.
+    """Run the job as `<launch...> -m rlanything.models.training.distributed <job_path>`; -> its history.
 
     The launcher's output goes to <job_path>.log; a non-zero exit, or a launch still running
     after timeout_s, raises with its tail.
@@ -359,7 +359,7 @@ def launch_update(
     with open(log_path, "w") as out:
         # Its own process group (the launcher and its workers), killed with this process even on SIGKILL.
         proc = procs.spawn(
-            [*launch, "-m", "rlanything.models.distributed", str(job_path)],
+            [*launch, "-m", "rlanything.models.training.distributed", str(job_path)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -379,10 +379,10 @@ def launch_update(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Worker entry point: `python -m rlanything.models.distributed JOB.json` (under a launcher)."""
+    """Worker entry point: `python -m rlanything.models.training.distributed JOB.json` (under a launcher)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        raise SystemExit("usage: [accelerate launch ...] -m rlanything.models.distributed JOB.json")
+        raise SystemExit("usage: [accelerate launch ...] -m rlanything.models.training.distributed JOB.json")
     job, samples = read_job(Path(args[0]))
     history = run_update(job, samples, backend="accelerate")
     if _rank_world()[0] == 0:

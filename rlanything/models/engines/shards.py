@@ -1,7 +1,7 @@
 """A generation call cut into shards: the layout both executors share (`run.shards`).
 
 A row's numbers depend on its batch mates: the padding and KV layout of its decode batch change
-the attention's summation order, so its logits move by ~1e-6 with them (models/ray_engine.py).
+the attention's summation order, so its logits move by ~1e-6 with them (models/engines/ray_engine.py).
 The shard layout therefore decides a run's samples bit for bit, and the executor only decides
 where the shards run. `run.executor: local` with `run.shards: N` plays the N shards one after
 another in this process (`ShardedEngine`); `run.executor: ray` plays the same N shards on its
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlanything.models.generation import Generation, GenerationEngine, PrefixCache
+from rlanything.models.engines.generation import Generation, GenerationEngine, PrefixCache
 
 
 def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:

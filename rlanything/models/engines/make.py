@@ -1,17 +1,17 @@
 """The engine a model section names: `make_engine` builds a `TransformersEngine`
-(models/engine.py) or a `VllmEngine` (models/vllm_engine.py), both `GenerationEngine`s
-(models/generation.py). Kept apart from both engines so that neither imports the other.
+(models/engines/transformers_engine.py) or a `VllmEngine` (models/engines/vllm_engine.py), both `GenerationEngine`s
+(models/engines/generation.py). Kept apart from both engines so that neither imports the other.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlanything.models.engine import TransformersEngine
-from rlanything.models.generation import eos_ids_of
+from rlanything.models.engines.generation import eos_ids_of
+from rlanything.models.engines.transformers_engine import TransformersEngine
+from rlanything.models.engines.vllm_engine import VllmEngine, shared_server
 from rlanything.models.loading import load_model, load_tokenizer
 from rlanything.models.precision import TORCH_DTYPE_NAME
-from rlanything.models.vllm_engine import VllmEngine, shared_server
 
 
 def make_engine(

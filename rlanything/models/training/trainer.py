@@ -5,7 +5,7 @@ optimizer step each; every mini-batch is processed in micro-batches whose losses
 by their share of the mini-batch, so the gradient equals the mini-batch's mean over sequences
 whatever the micro-batch size. Within a mini-batch, samples are ordered by prompt so those
 sharing one land in the same micro-batch, whose forward runs each shared prefix once
-(`models.packing`). The ratio and the k3 KL are both taken against the pre-update model's
+(`models.training.packing`). The ratio and the k3 KL are both taken against the pre-update model's
 log-probs: the ones the engine recorded while generating (the paper), or, with
 `recompute_old`, the trainer's own, teacher-forced over every sample before the first step in
 the update's precision (`algo.old_logprobs`: a sampler in bf16 gives each token a log-prob a
@@ -18,7 +18,7 @@ them (our departure, `optim.anchor_beta`). The paper takes one pass; more
 (`optim.epochs`) reuse each generated token, the clip keeping later passes near the sampler.
 
 Where the arithmetic runs is a small seam, `TrainBackend`: `TorchBackend` (one process, plain
-autograd, the default) or `rlanything.models.distributed.AccelerateBackend` (DDP or DeepSpeed
+autograd, the default) or `rlanything.models.training.distributed.AccelerateBackend` (DDP or DeepSpeed
 ZeRO under `accelerate launch`). The loss code below is the same for both; with N processes
 each takes every N-th sample of a mini-batch and weighs its losses by N / mini-batch size, so
 the all-reduced (averaged) gradient is still the mini-batch's mean over sequences.
@@ -38,7 +38,7 @@ import torch
 
 from rlanything.algo.losses import masked_sequence_mean, ppo_clip_loss
 from rlanything.algo.mismatch import REPORT_CAP, mismatch_measures, tis_weights
-from rlanything.models.packing import packed_response_logprobs
+from rlanything.models.training.packing import packed_response_logprobs
 
 
 @dataclass
@@ -283,7 +283,7 @@ def _minibatch_step(
     world = backend.world_size
     optimizer.zero_grad(set_to_none=True)
     # samples that share a prompt go into the same micro-batch, where their prompt runs once
-    # (models.packing); the mini-batch's gradient is the same sum in any order
+    # (models.training.packing); the mini-batch's gradient is the same sum in any order
     mine = sorted(mini[backend.rank :: world], key=lambda i: prompt_of(samples[i]))
     share = 1.0 / len(mini)  # each sample's weight in the mini-batch mean
     if not mine:  # fewer samples than processes: still join the all-reduce, with weight 0
