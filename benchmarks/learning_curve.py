@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from rlanything.reports.eval import eval_history
+from rlanything.reports.eval_report import eval_history
 
 
 def main() -> None:

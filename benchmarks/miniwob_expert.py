@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "tests" / "envs"))  # the expert lives with the te
 
 from test_miniwob import ALL_TASKS, ExpertEngine  # noqa: E402
 
-from rlanything.agent.rollout import play  # noqa: E402
+from rlanything.agent.play import play  # noqa: E402
 from rlanything.config import build_config  # noqa: E402
 from rlanything.envs import browser_pool, make_env  # noqa: E402
 from rlanything.envs.miniwob import FAMILIES, MiniWoBEnv  # noqa: E402

@@ -3,7 +3,7 @@
     python benchmarks/ray_sharding.py [-c configs/tiny.yaml] [--set KEY=VALUE ...] [--rounds 3]
 
 Workload: iteration 0's rollout and rm_score of the config, as the steps call them
-(`agent.rollout.play` on the sampled tasks, then `agent.judging.judge_as_configured` on every
+(`agent.play.play` on the sampled tasks, then `agent.judging.judge_as_configured` on every
 step), fp32. Compared in one process, interleaved, on the same tasks and seeds:
   local   one engine in this process, torch on 2 threads (what `executor: local` does here)
   local-1t  the same engines on 1 thread (separates the threads' cost from the sharding's)
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_line, header  # noqa: E402
 
 from rlanything.agent.judging import judge_as_configured  # noqa: E402
-from rlanything.agent.rollout import play_as_configured  # noqa: E402
+from rlanything.agent.play import play_as_configured  # noqa: E402
 from rlanything.config import load_config  # noqa: E402
 from rlanything.envs import initial_specs  # noqa: E402
 from rlanything.models.engines import ray_engine  # noqa: E402

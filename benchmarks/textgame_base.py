@@ -6,7 +6,7 @@ what one rollout turn costs.
 
 Plays `n` held-out games of `split` once each, greedily, with the config's policy (by default
 the shipped SmolLM2 TextWorld config), exactly as `rlanything eval` plays them
-(`agent.evaluate.heldout_problems`, `play_greedy_steps`), without Prefect, MLflow or the RM, and
+(`agent.eval_play.heldout_problems`, `play_greedy_steps`), without Prefect, MLflow or the RM, and
 prints per turn: the games still running, their longest and mean prompt (tokens), the seconds
 the engine took and the tokens it sampled per game; then the wins with their 95% Wilson interval,
 the format (what share of the replies were read from a box) and the time. Used to choose the
@@ -40,7 +40,7 @@ def main() -> None:
 
     import torch
 
-    from rlanything.agent.evaluate import heldout_problems, play_greedy_steps
+    from rlanything.agent.eval_play import heldout_problems, play_greedy_steps
     from rlanything.algo.metrics import wilson_interval
     from rlanything.config import load_config
     from rlanything.envs import make_env

@@ -58,7 +58,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import header  # noqa: E402
 
-from rlanything.agent.rollout import play  # noqa: E402
+from rlanything.agent.play import play  # noqa: E402
 from rlanything.config import load_config  # noqa: E402
 from rlanything.envs.reasoning import ReasoningGymEnv  # noqa: E402
 from rlanything.envs.verification import verify_episode  # noqa: E402

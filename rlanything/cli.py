@@ -221,7 +221,7 @@ def evaluate(
     from rlanything.flows.evaluation import EvalTargetError, eval_flow, resolve_target
     from rlanything.flows.interrupt import handle_stops
     from rlanything.flows.servers import guard_prefect_server
-    from rlanything.reports.eval import eval_table
+    from rlanything.reports.eval_report import eval_table
 
     if split not in ("in_domain", "ood", "all"):
         _fail(f"--split must be in_domain, ood or all, not {split!r}")

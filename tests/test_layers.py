@@ -154,7 +154,7 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
             "storage/buffer.py": "from prefect import task\nfrom rlanything.algo import curriculum\n",
             "storage/layout.py": "",
             "models/adaptation.py": "from rlanything import flows\nfrom rlanything.envs.base import env_class\n",
-            "reports/iteration.py": "import rlanything.tasks.common\n",
+            "reports/iteration_report.py": "import rlanything.tasks.common\n",
             "config.py": "from rlanything.storage.layout import STEPS\nfrom rlanything.models import engine\n"
             "from rlanything.storage import layout, buffer\n",
             "tasks/common.py": "import prefect\nfrom rlanything.flows.runlock import run_lock\n",
@@ -317,11 +317,11 @@ LIBRARY_MODULES = [
     "rlanything.envs",
     "rlanything.models.engines.transformers_engine",
     "rlanything.envs.verification",
-    "rlanything.agent.rollout",
+    "rlanything.agent.play",
     "rlanything.algo.samples",
     "rlanything.storage.artifacts",
     "rlanything.agent.adapt_tasks",
-    "rlanything.reports.iteration",
+    "rlanything.reports.iteration_report",
 ]
 
 

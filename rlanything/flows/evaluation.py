@@ -15,7 +15,7 @@ summary.md and eval.png.
 No evaluation is played twice: the flow hashes the policy's and the RM's folders once
 (`storage.checkpoints.weights_digest`) and hands every task the run's evaluations so far
 (`<run>/eval/*`, the bare models' `<run.root>/eval/*`). A split that one of them played with the
-same weights, problems and settings (`agent.evaluate.play_key`: a frozen policy, the same
+same weights, problems and settings (`agent.eval_play.play_key`: a frozen policy, the same
 checkpoint again) copies its episodes instead of playing, and its judgments where the RM is
 unchanged too (`rm_key`); a changed RM judges the copied episodes. summary.json's split rows keep
 both keys and say where reused episodes and judgments come from (`episodes_from`,
@@ -37,7 +37,7 @@ rm_step_accuracy (each step's majority verdict against its episode's outcome), r
 (episodes judged) and rm_parse_rate (verdicts parsed). Unlike rm/outcome_accuracy in training,
 these are measured on greedy episodes of problems the RM never trained on. With `eval.rm: false`,
 or an RM that writes unit tests instead (rm.role unit_tests), nothing is judged and the measures
-are absent, NaN in `reports.eval.eval_history` (as in evaluations written before they existed).
+are absent, NaN in `reports.eval_report.eval_history` (as in evaluations written before they existed).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from prefect import flow
 
 from rlanything.config import Config, ConfigError, load_config
 from rlanything.envs.heldout import SPLITS
-from rlanything.reports.eval import eval_history, plot_eval_curves, training_wall_time
+from rlanything.reports.eval_report import eval_history, plot_eval_curves, training_wall_time
 from rlanything.storage import tracking
 from rlanything.storage.checkpoints import weights_digest
 from rlanything.storage.layout import RUNS, RunLayout, run_folder

@@ -17,7 +17,7 @@ iteration runs past M, and the comparison takes its last iteration that ended wi
 so gets exactly M minutes; one with long iterations has more of them unfinished when time is up,
 which is the cost of its iterations, not a budget overrun. The decisions read only the recorded
 step times, so a resumed experiment decides exactly as an uninterrupted one. Both given:
-whichever comes first. The comparison (`reports.experiment`) shows each arm's minutes up to the
+whichever comes first. The comparison (`reports.experiment_report`) shows each arm's minutes up to the
 compared checkpoint and the minutes its unfinished iteration had run at the budget; it is
 rewritten after every finished arm: partial results are readable while the rest runs.
 
@@ -55,7 +55,7 @@ from rlanything.config import Config, ConfigError, load_config
 from rlanything.flows.evaluation import BASE, eval_dir, eval_flow
 from rlanything.flows.runlock import run_lock
 from rlanything.flows.training import prepare_run, train_flow
-from rlanything.reports import experiment as report
+from rlanything.reports import experiment_report as report
 from rlanything.storage import tracking
 from rlanything.storage.layout import RunLayout
 from rlanything.storage.parquet import write_text

@@ -19,7 +19,7 @@ from prefect import flow, get_run_logger
 
 from rlanything.flows.runlock import run_lock
 from rlanything.flows.steps import run_on_deployment
-from rlanything.reports.iteration import write_reports
+from rlanything.reports.iteration_report import write_reports
 from rlanything.storage import checkpoints, tracking
 from rlanything.storage.layout import RunLayout
 from rlanything.storage.parquet import write_text

@@ -111,7 +111,7 @@ UNIT_TESTS = pa.schema(
         pa.field("parse_error", pa.string()),  # why it could not be parsed
         pa.field("correct", pa.bool_(), nullable=False),  # passes every solution that passes the ground truth
         pa.field("incorrect_caught", pa.int32(), nullable=False),  # incorrect solutions it fails
-        pa.field("reward", pa.float32(), nullable=False),  # algo.coding.unit_test_rewards; -2 unparsed
+        pa.field("reward", pa.float32(), nullable=False),  # algo.unit_test_rewards.unit_test_rewards; -2 unparsed
         pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("response_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("logprobs", pa.list_(pa.float32()), nullable=False),

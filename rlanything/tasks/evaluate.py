@@ -1,6 +1,6 @@
 """Held-out evaluation as Prefect tasks: one per split (the policy plays, the RM judges; or
 where an earlier evaluation played the same problems with the same weights, its episodes are
-copied and judged only by an RM that changed: agent/evaluate.py), then the report
+copied and judged only by an RM that changed: agent/eval_play.py), then the report
 (`flows/evaluation.py`)."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import pandas as pd
 from prefect import task
 
 from rlanything.agent.eval_judge import PROCESS_MEASURES, held_out_labels, judge_split, rm_measures
-from rlanything.agent.evaluate import earlier_split, heldout_problems, play_greedy_steps, play_key, rm_key, step_rows
+from rlanything.agent.eval_play import earlier_split, heldout_problems, play_greedy_steps, play_key, rm_key, step_rows
 from rlanything.algo.metrics import success_summary
 from rlanything.config import load_config
 from rlanything.envs.heldout import SPLITS
 from rlanything.models.engines.make import make_engine
 from rlanything.models.precision import precision_of
-from rlanything.reports.eval import RM_MEASURES, plot_splits, summary_markdown
+from rlanything.reports.eval_report import RM_MEASURES, plot_splits, summary_markdown
 from rlanything.storage.buffer import read_buffer
 from rlanything.storage.parquet import read_table, write_table
 from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS, EVAL_STEP_LABELS, EVAL_STEPS
@@ -80,7 +80,7 @@ def evaluate_split(
     `<split>.labels.parquet`. Where an evaluation in `earlier` (folders) played the same
     problems with the same weights (`digests`: the policy's and the RM's `weights_digest`), its
     episodes are copied instead, and its judgments where the RM is unchanged too
-    (`agent.evaluate.earlier_split`); the returned `provenance` says which."""
+    (`agent.eval_play.earlier_split`); the returned `provenance` says which."""
     inject_fault("eval", BASE_ITERATION if iteration is None else iteration, "start")
     config = load_config(config_path, overrides)
     specs, dropped = heldout_problems(config.env, split, config.eval.problems, config.run.seed, trained_specs(run_dir))

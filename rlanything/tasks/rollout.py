@@ -1,4 +1,4 @@
-"""Steps 1–2: rollout (the policy plays each task G times, `agent.rollout.play`) and verify
+"""Steps 1–2: rollout (the policy plays each task G times, `agent.play.play`) and verify
 (the outcome ±1, `envs.verification.verify_episode`, and the environment's step labels where it
 knows them, `envs.verification.label_episode`)."""
 
@@ -12,7 +12,7 @@ import pandas as pd
 
 from rlanything import metric_names as names
 from rlanything import stopping
-from rlanything.agent.rollout import play_as_configured
+from rlanything.agent.play import play_as_configured
 from rlanything.algo.curriculum import success_rate
 from rlanything.algo.parsing import FALLBACKS
 from rlanything.environment import runs_code

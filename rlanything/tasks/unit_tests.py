@@ -1,5 +1,5 @@
 """Steps 3–4 when the RM writes unit tests (rm.role unit_tests, the coding setting): the Parquet
-glue around `models.judge.write_unit_tests`, `envs.unit_tests` and `algo.coding`.
+glue around `models.judge.write_unit_tests`, `envs.unit_tests` and `algo.unit_test_rewards`.
 
 rm_score writes unit_tests.parquet (one row per generated test) and pass_matrix.parquet (one
 row per parsed test and trainable solution of its task); judgments.parquet stays empty. The
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from rlanything import metric_names as names
-from rlanything.algo.coding import correct_test_pass_fraction, unit_test_samples, unit_test_scores
+from rlanything.algo.unit_test_rewards import correct_test_pass_fraction, unit_test_samples, unit_test_scores
 from rlanything.config import Config
 from rlanything.envs.unit_tests import parse_unit_test, pass_matrix, unit_test_form
 from rlanything.models.engines.generation import PrefixCache
@@ -150,7 +150,7 @@ def unit_test_advantage_rows(
 ) -> pd.DataFrame:
     """`solutions(...)`, unit_tests and pass_matrix rows -> advantages.parquet rows for rm.role
     unit_tests (policy rows first, then RM rows): the frame glue around
-    `algo.coding.correct_test_pass_fraction` and `unit_test_samples`."""
+    `algo.unit_test_rewards.correct_test_pass_fraction` and `unit_test_samples`."""
     correct = tests.set_index(["task_id", "test_idx"]).correct
     generated = {}
     for task_id, rows in matrix.groupby("task_id"):

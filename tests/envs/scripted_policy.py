@@ -1,6 +1,6 @@
 """A scripted *policy* for environment tests: a GenerationEngine whose replies come from a plan.
 
-It drives `rlanything.agent.rollout.play` exactly like a model would (prompts in, texts with
+It drives `rlanything.agent.play.play` exactly like a model would (prompts in, texts with
 token ids out), so the environment is exercised through the rollout task's own code path; the
 environment itself is always the real one.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlanything.agent.rollout import play
+from rlanything.agent.play import play
 from rlanything.envs import make_env
 from rlanything.envs.verification import replay_outcome
 from rlanything.models.engines.generation import Generation

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlanything.agent.rollout import play
+from rlanything.agent.play import play
 from rlanything.config import build_config
 from rlanything.envs import env_class, initial_specs, make_env
 from rlanything.envs.browser_pool import BrowserFailure, process_pool

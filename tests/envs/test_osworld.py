@@ -16,7 +16,7 @@ import types
 import pytest
 from scripted_policy import ScriptedPolicy, tasks_of
 
-from rlanything.agent.rollout import play
+from rlanything.agent.play import play
 from rlanything.config import build_config
 from rlanything.envs import env_class, initial_specs, make_env, osworld
 from rlanything.envs.osworld import OSWorldEnv, check_action, linearize_tree

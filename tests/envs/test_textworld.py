@@ -235,7 +235,7 @@ def replay_wins(config, spec, turns) -> bool:
 def test_the_worked_example_is_a_won_game_of_the_same_settings_at_a_reserved_seed(games, tiny_tokenizer, kind):
     from scripted_policy import ScriptedPolicy, tasks_of
 
-    from rlanything.agent.rollout import play
+    from rlanything.agent.play import play
     from rlanything.envs.heldout import EXAMPLE_SEED, is_heldout_seed
     from rlanything.envs.textgame import boxed
 

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from rlanything.algo.coding import correct_test_pass_fraction, unit_test_scores
+from rlanything.algo.unit_test_rewards import correct_test_pass_fraction, unit_test_scores
 from rlanything.config import EnvConfig
 from rlanything.envs.coding import load_problem
 from rlanything.envs.unit_tests import function_name, parse_unit_test, pass_matrix, style_of, unit_test_request

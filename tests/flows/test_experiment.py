@@ -37,7 +37,7 @@ from rlanything.flows.experiment import (
     compare_experiments,
     next_fits,
 )
-from rlanything.reports.experiment import FIGURES, at_budget, iteration_history
+from rlanything.reports.experiment_report import FIGURES, at_budget, iteration_history
 from rlanything.storage.layout import RunLayout
 
 NAME = "abl"

@@ -1,11 +1,11 @@
-"""`rlanything eval`'s terminal table (`reports.eval.eval_table`): every figure whole at 80
+"""`rlanything eval`'s terminal table (`reports.eval_report.eval_table`): every figure whole at 80
 columns, in a terminal or not (a pipe, a file), with the RM's measures and two splits."""
 
 import io
 
 from rich.console import Console
 
-from rlanything.reports.eval import eval_table
+from rlanything.reports.eval_report import eval_table
 
 BASE = {
     "env_kind": "reasoning_gym",

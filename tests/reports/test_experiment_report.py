@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rlanything.reports import experiment as report
+from rlanything.reports import experiment_report as report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pixel checks beside this file
 from pictures import panels, share_of  # noqa: E402

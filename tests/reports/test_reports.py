@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from nbclient import NotebookClient
 
 from rlanything import metric_names as names
-from rlanything.reports.iteration import (
+from rlanything.reports.iteration_report import (
     CURVES,
     HEADLINE,
     accepted_counts,

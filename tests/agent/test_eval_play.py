@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))  # the scr
 
 from scripted_policy import ScriptedPolicy  # noqa: E402
 
-from rlanything.agent.evaluate import heldout_problems, play_greedy  # noqa: E402
+from rlanything.agent.eval_play import heldout_problems, play_greedy  # noqa: E402
 from rlanything.config import build_config  # noqa: E402
 from rlanything.envs import heldout  # noqa: E402
 from rlanything.envs.base import env_class  # noqa: E402

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rlanything.algo.coding import (
+from rlanything.algo.unit_test_rewards import (
     correct_test_pass_fraction,
     unit_test_advantages,
     unit_test_rewards,

@@ -3,7 +3,7 @@
 An experiment (`rlanything experiment ablation`) is a set of normal runs, one per (arm, seed).
 This module reads what those runs wrote, and nothing else: each iteration's
 `iter_NNNN/summary.json` (training metrics, step times) and each held-out evaluation's
-`eval/*/summary.json` (`reports.eval.eval_history`). Prefect-free, like every report.
+`eval/*/summary.json` (`reports.eval_report.eval_history`). Prefect-free, like every report.
 
 Numbers in the table, per arm:
 - held-out accuracy per split at each run's *last evaluated iteration*, seeds pooled: successes
@@ -13,7 +13,7 @@ Numbers in the table, per arm:
   steps) on the last iteration's training rollouts, the mean over seeds, and on the held-out
   episodes where the evaluation judged them;
 - accepted tasks: `adapt/accepted_total` at the last iteration, mean over seeds;
-- training minutes: each seed's sum of the steps' own times (`reports.eval.step_seconds`) over
+- training minutes: each seed's sum of the steps' own times (`reports.eval_report.step_seconds`) over
   its iterations. Under a wall-time budget every number is read at the budget (`cut_at_budget`):
   each run's iterations that ended within it and its evaluation of the last of them, what the arm
   had when its time was up; beside the minutes, each seed's minutes left in the iteration that was
@@ -43,7 +43,7 @@ from matplotlib.ticker import MaxNLocator
 
 from rlanything import metric_names as names
 from rlanything.algo.metrics import wilson_interval
-from rlanything.reports.eval import auroc_text, eval_history, pct, step_seconds
+from rlanything.reports.eval_report import auroc_text, eval_history, pct, step_seconds
 
 RM_ACCURACY = (names.RM_OUTCOME_ACCURACY, names.RM_OUTCOME_AUROC, names.RM_PROCESS_ACCURACY)  # rm_accuracy.png
 # Training metrics the comparison reads from iter_NNNN/summary.json (absent ones stay NaN).
@@ -60,7 +60,7 @@ FIGURES = (
 
 def _iteration_records(run_dir: Path):
     """Each finished iteration's summary.json, in order, with the training time up to its end (the
-    steps' own times, as `reports.eval.training_wall_time`)."""
+    steps' own times, as `reports.eval_report.training_wall_time`)."""
     wall = 0.0
     for path in sorted(Path(run_dir).glob("iter_*/summary.json")):
         record = json.loads(path.read_text())
@@ -70,7 +70,7 @@ def _iteration_records(run_dir: Path):
 
 def iteration_history(run_dir: Path) -> pd.DataFrame:
     """One row per finished iteration of a run: `iteration`, `wall_time_s` (training time up to
-    its end: the steps' own times, as `reports.eval.training_wall_time`) and `TRAINING_METRICS`."""
+    its end: the steps' own times, as `reports.eval_report.training_wall_time`) and `TRAINING_METRICS`."""
     rows = [
         {"iteration": int(record["iteration"]), "wall_time_s": wall}
         | {k: float(record.get(k, math.nan)) for k in TRAINING_METRICS}

@@ -39,7 +39,7 @@ from typing import Any
 
 import pandas as pd
 
-from rlanything.agent.rollout import play
+from rlanything.agent.play import play
 from rlanything.algo.parsing import FALLBACKS
 from rlanything.envs.base import Environment, make_env, replayable
 from rlanything.envs.heldout import drop_trained, heldout_specs

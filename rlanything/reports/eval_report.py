@@ -3,7 +3,7 @@ prints, a bar plot per split, and the curve of held-out accuracy over training (
 iteration and against training wall time). Where the RM judged the episodes (`eval.rm`), the
 summary and the table have a second part: its outcome prediction (agent/eval_judge.py). Where
 the episodes (or the RM's judgments) were reused from an earlier evaluation of the same weights
-(agent/evaluate.py), both say from which.
+(agent/eval_play.py), both say from which.
 
 The terminal table stands on its side (a row per measure, a column per split): with the RM's
 measures it has 13 of them, which as columns cut the headers and the figures to "ac…" in an
