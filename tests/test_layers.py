@@ -171,7 +171,7 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
         "rlanything/storage/buffer.py:1 imports prefect: storage must not import Prefect",
         "rlanything/models/adaptation.py:1 imports rlanything.flows: models must not import flows",
         "rlanything/models/adaptation.py:2 imports rlanything.envs.base: models must not import envs",
-        "rlanything/reports/iteration.py:1 imports rlanything.tasks.common: reports must not import tasks",
+        "rlanything/reports/iteration_report.py:1 imports rlanything.tasks.common: reports must not import tasks",
         "rlanything/config.py:2 imports rlanything.models: config imports nothing of ours but environment, plugins, storage.layout",
         "rlanything/config.py:3 imports rlanything.storage.buffer: config imports nothing of ours but environment, plugins, storage.layout",
         "rlanything/tasks/common.py:2 imports rlanything.flows.runlock: tasks must not import flows",
