@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from rlanything.environment import ENV_KINDS, NoOptions, runs_code
-from rlanything.storage.layout import STEPS
+from rlanything.pipeline import STEPS
 
 log = logging.getLogger(__name__)
 

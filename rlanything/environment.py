@@ -20,7 +20,9 @@ table: its class implements the Protocol (subclassing it or not) and brings its 
 
 Light on purpose, and below the config: the config validates `env.kind` and `env.options` with
 this module and plug-in loading checks a class against the Protocol, so it imports pydantic and
-nothing of ours (`EnvConfig` only for type hints). Each class is named as "module:Class" and
+nothing of ours: the run's `env` section reaches an environment as an `EnvSettings`, the
+structural type `config.EnvConfig` satisfies (no import of the config, not even for type hints:
+the layer test refuses a circle through one). Each class is named as "module:Class" and
 imported on first use (`envs.base.env_class`): each pulls its own libraries (reasoning_gym,
 textworld, selenium, ...). What envs share beyond the Protocol (reading optional members, the
 rewrite answer format, `make_env`) is in envs/base.py.
@@ -30,12 +32,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-if TYPE_CHECKING:
-    from rlanything.config import EnvConfig
+
+class EnvSettings(Protocol):
+    """What an environment is given of the run's `env` section: `config.EnvConfig` (its fields and
+    their docs are there), named here structurally so that this module needs no config."""
+
+    kind: str
+    options: Any  # the kind's options model (`ENV_KINDS[kind].options`, or a plug-in's `Options`)
+    max_steps: int
 
 
 # ------------------------------------------------------------------ the Protocol
@@ -57,7 +65,7 @@ class Environment(Protocol):
     judge_hint: str
     """One or two sentences telling the RM what a good step looks like in this environment."""
 
-    def __init__(self, config: EnvConfig) -> None:
+    def __init__(self, config: EnvSettings) -> None:
         """`config.options` holds this kind's options (its `Options` model, for a plug-in)."""
         ...
 
@@ -82,7 +90,7 @@ class Environment(Protocol):
     test_results: list[bool] | None = None
     """The per-test results of the last `outcome()`, for environments with ground-truth tests
     (coding); None for the others."""
-    heldout_specs: ClassVar[Callable[[EnvConfig, str, int, int], list[dict[str, Any]]] | None] = None
+    heldout_specs: ClassVar[Callable[[EnvSettings, str, int, int], list[dict[str, Any]]] | None] = None
     """A static `heldout_specs(config, split, n, seed) -> list[spec]`: the problems `rlanything
     eval` plays, kept apart from every problem training can draw (envs/heldout.py); None: the
     environment has no held-out split."""
@@ -101,7 +109,7 @@ class Environment(Protocol):
 
     @staticmethod
     def step_labels(
-        config: EnvConfig, spec: dict[str, Any], actions: list[str | None]
+        config: EnvSettings, spec: dict[str, Any], actions: list[str | None]
     ) -> list[StepLabel | None] | None:
         """Ground-truth labels of a trajectory's steps, one per action (None: that step has no
         label), replaying the actions from `reset(spec)`; the rules are in each environment's
@@ -112,12 +120,12 @@ class Environment(Protocol):
 
     # --- specs and rewrites (task adaptation) -------------------------------------------
     @staticmethod
-    def initial_specs(config: EnvConfig, seed: int) -> list[dict[str, Any]]:
+    def initial_specs(config: EnvSettings, seed: int) -> list[dict[str, Any]]:
         """The specs of a new run's buffer, one per slot (config.num_problems of them)."""
         ...
 
     @staticmethod
-    def validate_spec(config: EnvConfig, spec: dict[str, Any]) -> None:
+    def validate_spec(config: EnvSettings, spec: dict[str, Any]) -> None:
         """Raise ValueError (with the reason) unless `spec` builds a verifiable problem."""
         ...
 

@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rlanything.cli import app
+from rlanything.debug_faults import InjectedFault, inject_fault, parse_fault
 from rlanything.flows.runlock import RunBusyError, holder, run_lock
-from rlanything.tasks.common import InjectedFault, inject_fault, parse_fault
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -45,8 +45,8 @@ def test_a_fault_fires_only_at_its_step_iteration_and_phase(monkeypatch):
 def test_a_hold_fault_keeps_the_step_until_a_stop(monkeypatch):
     import threading
 
+    from rlanything import debug_faults as common
     from rlanything import stopping
-    from rlanything.tasks import common
 
     monkeypatch.setenv("RLANYTHING_FAULT", "hold:rollout@0")
     monkeypatch.setattr(common, "HOLD_LIMIT_S", 0.3)

@@ -135,6 +135,88 @@ def test_the_table_states_the_rules_written_under_it():
     assert {"envs", "models", "agent", "storage"} <= RULES.keys()
 
 
+# ---------------------------------------------------------------- imports go down only
+
+
+def read_order(markdown: str) -> list[list[str]]:
+    r"""The ```import-order block of the layer section -> its tiers, top first.
+
+    >>> read_order("## Layers\n```import-order\ncli\nflows, tasks\n```\n")
+    [['cli'], ['flows', 'tasks']]
+    """
+    section = ("\n" + markdown).split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```import-order\n", 1)[1].split("```", 1)[0]
+    return [[name.strip() for name in line.split(",")] for line in block.strip().splitlines()]
+
+
+ORDER = read_order(ARCHITECTURE.read_text())
+
+
+def upward_imports(package: Path, order: list[list[str]]) -> list[str]:
+    """Every import (at run time, in a function or under TYPE_CHECKING) from one layer of `package`
+    into a layer of the same tier or a tier above it in `order`, and every layer not in `order`."""
+    rank = {layer: k for k, tier in enumerate(order) for layer in tier}
+    graph = {module: set(targets) for module, targets in import_graph(package).items()}
+    for module, path in _modules(package).items():  # TYPE_CHECKING imports too
+        known = set(graph)
+        for _, name in _imports(ast.parse(path.read_text()), module, path.name == "__init__.py", known):
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                graph[module].add(name)
+
+    def layer(module: str) -> str:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else "__init__"
+
+    problems = sorted({f"layer {layer(m)} is not in the import order" for m in graph if layer(m) not in rank})
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            source, dest = layer(module), layer(target)
+            if source != dest and source in rank and dest in rank and rank[dest] <= rank[source]:
+                problems.append(f"{module} imports {target}: {dest} is not below {source}")
+    return problems
+
+
+def test_every_import_goes_down_the_order():
+    assert upward_imports(PACKAGE, ORDER) == []
+
+
+def test_the_order_and_the_table_agree():
+    """Every layer is in the order once and has a row; each row forbids every layer at or above its
+    own tier (an import the order refuses is one the table refuses too, so the two cannot drift)."""
+    listed = [layer for tier in ORDER for layer in tier]
+    assert len(listed) == len(set(listed)) and set(listed) == set(RULES)
+    rank = {layer: k for k, tier in enumerate(ORDER) for layer in tier}
+    allowed_upwards = []
+    for layer, rule in RULES.items():
+        for other in listed:
+            forbidden = (other not in rule.named) if rule.everything else (other in rule.named)
+            if other != layer and rank[other] <= rank[layer] and not forbidden:
+                allowed_upwards.append(f"{layer} may import {other}")
+    assert allowed_upwards == []
+
+
+def test_the_order_checker_catches_an_import_up_and_sideways(tmp_path):
+    package = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "algo/a.py": "",
+            "envs/e.py": "from rlanything.algo import a\n",  # down: fine
+            "models/m.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rlanything.envs.e import E\n",
+            "storage/s.py": "def f():\n    import rlanything.models.m\n",
+            "odd.py": "",
+        },
+    )
+    order = [["envs", "models"], ["algo", "storage"], ["__init__"]]
+    assert upward_imports(package, order) == [
+        "layer odd is not in the import order",
+        "rlanything.models.m imports rlanything.envs.e: envs is not below models",
+        "rlanything.storage.s imports rlanything.models.m: models is not below storage",
+    ]
+
+
 def _tree(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         path = root / "rlanything" / name
@@ -155,7 +237,7 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
             "storage/layout.py": "",
             "models/adaptation.py": "from rlanything import flows\nfrom rlanything.envs.base import env_class\n",
             "reports/iteration_report.py": "import rlanything.tasks.common\n",
-            "config.py": "from rlanything.storage.layout import STEPS\nfrom rlanything.models import engine\n"
+            "config.py": "from rlanything.pipeline import STEPS\nfrom rlanything.models import engine\n"
             "from rlanything.storage import layout, buffer\n",
             "tasks/common.py": "import prefect\nfrom rlanything.flows.runlock import run_lock\n",
             "flows/iteration.py": "import prefect\nfrom rlanything.flows import steps\nfrom rlanything.tasks import common\n",
@@ -172,8 +254,10 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
         "rlanything/models/adaptation.py:1 imports rlanything.flows: models must not import flows",
         "rlanything/models/adaptation.py:2 imports rlanything.envs.base: models must not import envs",
         "rlanything/reports/iteration_report.py:1 imports rlanything.tasks.common: reports must not import tasks",
-        "rlanything/config.py:2 imports rlanything.models: config imports nothing of ours but environment, plugins, storage.layout",
-        "rlanything/config.py:3 imports rlanything.storage.buffer: config imports nothing of ours but environment, plugins, storage.layout",
+        "rlanything/config.py:2 imports rlanything.models: config imports nothing of ours but environment, pipeline, plugins",
+        "rlanything/config.py:3 imports rlanything.storage.buffer: config imports nothing of ours but environment, pipeline, plugins",
+        "rlanything/config.py:3 imports rlanything.storage.layout: config imports nothing of ours but environment, pipeline, plugins",
+        "rlanything/storage/buffer.py:2 imports rlanything.algo: storage imports nothing of ours but pipeline, stopping",
         "rlanything/tasks/common.py:2 imports rlanything.flows.runlock: tasks must not import flows",
         "rlanything/sampling.py: layer sampling has no row in the layer table",
     ]
@@ -181,16 +265,6 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
 
 
 # ---------------------------------------------------------------- no import cycle
-
-
-def _never_run(tree: ast.AST) -> set[int]:
-    """ids of the nodes under `if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): code that never runs."""
-    skip = set()
-    for node in ast.walk(tree):
-        test = getattr(node, "test", None)
-        if isinstance(node, ast.If) and getattr(test, "id", getattr(test, "attr", None)) == "TYPE_CHECKING":
-            skip.update(id(n) for child in node.body for n in ast.walk(child))
-    return skip
 
 
 def import_graph(package: Path) -> dict[str, set[str]]:
@@ -208,11 +282,8 @@ def import_graph(package: Path) -> dict[str, set[str]]:
     graph = {}
     for module, path in files.items():
         tree = ast.parse(path.read_text(), str(path))
-        skip = _never_run(tree)
         names = []
         for node in ast.walk(tree):
-            if id(node) in skip:
-                continue
             if isinstance(node, ast.Import):
                 names += [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -293,7 +364,8 @@ def test_the_cycle_finder_finds_every_circle_and_only_those(tmp_path):
             "models/b.py": "def f():\n    from rlanything.models.a import x\n",  # inside a function: it runs too
             "models/c.py": "import rlanything.models.a\n",  # into a circle, not in one
             "models/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rlanything.models.e import E\n",
-            "models/e.py": "from . import d\n",  # d imports e only for type checkers: no circle
+            "models/e.py": "from . import d\n",  # d imports e only for type checkers: a circle all the same
+            "models/f.py": "import rlanything.models.c\n",  # into a circle's importer, in none
             "algo/__init__.py": "",
             "algo/x.py": "from .y import f\n",
             "algo/y.py": "from rlanything.algo import z\n",
@@ -301,10 +373,13 @@ def test_the_cycle_finder_finds_every_circle_and_only_those(tmp_path):
         },
     )
     graph = import_graph(package)
-    assert graph["rlanything.models.b"] == {"rlanything.models.a"} and graph["rlanything.models.d"] == set()
+    assert graph["rlanything.models.b"] == {"rlanything.models.a"} and graph["rlanything.models.d"] == {
+        "rlanything.models.e"
+    }
     assert import_cycles(graph) == [
         ["rlanything.algo.x", "rlanything.algo.y", "rlanything.algo.z", "rlanything.algo.x"],
         ["rlanything.models.a", "rlanything.models.b", "rlanything.models.a"],
+        ["rlanything.models.d", "rlanything.models.e", "rlanything.models.d"],
     ]
 
 
@@ -372,7 +447,7 @@ def test_the_cli_and_flows_set_the_prefect_defaults_and_the_user_wins():
 
 def test_the_iteration_flow_calls_the_steps_in_the_declared_order():
     from rlanything.flows import iteration
-    from rlanything.storage.layout import STEPS
+    from rlanything.pipeline import STEPS
 
     tree = ast.parse(Path(iteration.__file__).read_text())
     [flow] = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "iteration_flow"]
@@ -386,10 +461,11 @@ def test_the_iteration_flow_calls_the_steps_in_the_declared_order():
 
 def test_every_reader_of_the_steps_follows_the_declaration():
     from rlanything.config import ConfigError, build_config
+    from rlanything.debug_faults import parse_fault
     from rlanything.flows.steps import STEP_TASKS
-    from rlanything.storage.layout import PIPELINE, STEPS, RunLayout
+    from rlanything.pipeline import PIPELINE, STEPS
+    from rlanything.storage.layout import RunLayout
     from rlanything.storage.schemas import ARTIFACTS
-    from rlanything.tasks.common import parse_fault
 
     assert STEPS == ("rollout", "verify", "rm_score", "advantages", "policy_update", "rm_update", "adapt_tasks")
     assert tuple(STEP_TASKS) == STEPS and all(task.name == name for name, task in STEP_TASKS.items())

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rlanything.agent.judging import judge_as_configured
+from rlanything.agent.judging import judge_as_configured, steps_to_judge
 from rlanything.algo.rm_accuracy import outcome_prediction, process_accuracy, process_auroc, verdict_shares
 from rlanything.envs.verification import label_episode
 from rlanything.models.engines.make import make_engine
@@ -202,3 +202,10 @@ def rm_measures(
             out[split] |= process_measures(judged, mine)
         out[split]["rm_verdict_shares"] = shares_of(judged, eps, mine)
     return out
+
+
+def eval_contexts(episodes: pd.DataFrame, steps: pd.DataFrame, history_steps: int | None) -> list[dict]:
+    """What the RM judges in an evaluation: the rm_score step's contexts (`steps_to_judge`) of one
+    split's valid `episodes` (EVAL_EPISODES) and their `steps` (EVAL_STEPS), traj_id = problem_idx."""
+    frame = episodes.rename(columns={"problem_idx": "traj_id"}).assign(pending=False)
+    return steps_to_judge(steps.rename(columns={"problem_idx": "traj_id"}), frame, frame, history_steps)

@@ -44,6 +44,8 @@ from rlanything.algo.parsing import FALLBACKS
 from rlanything.envs.base import Environment, make_env, replayable
 from rlanything.envs.heldout import drop_trained, heldout_specs
 from rlanything.models.engines.generation import GenerationEngine
+from rlanything.models.engines.make import make_engine
+from rlanything.storage.buffer import read_buffer
 from rlanything.storage.parquet import read_table
 from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS, EVAL_STEPS
 
@@ -300,3 +302,26 @@ def earlier_split(folders: list[Path], split: str, specs: list[dict], keys: dict
         if (match.folder / "steps.parquet").is_file() and match.episodes().spec.tolist() == wanted:
             return match
     return None
+
+
+def trained_specs(run_dir: str | None) -> list[dict]:
+    """Every spec a run's task buffer ever held (every snapshot, every version and status)."""
+    if run_dir is None:
+        return []
+    specs = {}
+    for snapshot in sorted((Path(run_dir) / "tasks").glob("v*.parquet")):
+        for spec in read_buffer(snapshot).spec:
+            specs[spec] = json.loads(spec)
+    return list(specs.values())
+
+
+def play_split(
+    config, weights: str, specs: list[dict], split: str, precision: str
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The policy in `weights` plays `specs` greedily in `precision` -> (episodes, EVAL_STEPS
+    steps); its engine is gone when this returns (before the RM loads)."""
+    engine, tokenizer = make_engine(config.policy, "policy", Path(weights), precision)
+    max_new_tokens = config.eval.max_new_tokens or config.policy.max_new_tokens
+    rows, steps = play_greedy_steps(engine, tokenizer, config.env, specs, split, max_new_tokens=max_new_tokens)
+    episodes = pd.DataFrame(rows) if rows else pd.DataFrame(columns=EVAL_EPISODES.names)
+    return episodes, pd.DataFrame(step_rows(split, steps), columns=EVAL_STEPS.names)

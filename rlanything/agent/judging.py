@@ -1,5 +1,7 @@
-"""The RM judges steps as a run is configured: `models.judge.judge_steps` with the config's RM
-settings (`rm`) and the judge hint of the environment kind (`env.kind`).
+"""The RM judges steps as a run is configured (rm.role judge): which steps it judges and with what
+context (`steps_to_judge`, `judged_outcomes`), `models.judge.judge_steps` with the config's RM
+settings (`rm`) and the judge hint of the environment kind (`env.kind`), and the rm_score step's
+work for this role (`score_steps`).
 
 Here, not in models/, because it joins the config, an environment class and an engine: models/
 never imports the environments. Called by the rm_score step, the held-out evaluation
@@ -10,11 +12,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pandas as pd
+
+from rlanything import metric_names as names
+from rlanything.agent.run_context import model_path, step_engine, weights_label
+from rlanything.algo.curriculum import tasks_in_bands
 from rlanything.config import Config
 from rlanything.envs import env_class
 from rlanything.envs.base import optional
 from rlanything.models.engines.generation import GenerationEngine, PrefixCache
 from rlanything.models.judge import judge_steps
+from rlanything.models.precision import precision_of
+from rlanything.progress import progress
+from rlanything.seeding import derive_seed
+from rlanything.storage.layout import RunLayout
+from rlanything.storage.schemas import JUDGMENTS
 
 
 def judge_as_configured(
@@ -52,3 +64,77 @@ def compact(step: dict, view: Callable[[str], str]) -> dict:
     through the environment's `judge_view` (`rm.compact_observations`)."""
     history = [(response, view(observation)) for response, observation in step["history"]]
     return {**step, "task": view(step["task"]), "history": history, "observation": view(step["observation"])}
+
+
+def steps_to_judge(
+    steps: pd.DataFrame, episodes: pd.DataFrame, outcomes: pd.DataFrame, history_steps: int | None = None
+) -> list[dict]:
+    """Every step of every valid, non-pending trajectory, with the context the RM sees: the
+    task and the `history_steps` latest earlier steps (None: all; `rm.history_steps`), the
+    first of them numbered `shown_from`."""
+    trainable = outcomes[outcomes.valid & ~outcomes.pending].traj_id
+    first = episodes.set_index("traj_id").first_observation
+    out = []
+    for traj_id, traj in steps[steps.traj_id.isin(trainable)].sort_values("step_idx").groupby("traj_id"):
+        history: list[tuple[str, str]] = []
+        for row in traj.itertuples(index=False):
+            start = 0 if history_steps is None else max(0, len(history) - history_steps)
+            out.append(
+                {
+                    "traj_id": traj_id,
+                    "task_id": row.task_id,
+                    "step_idx": row.step_idx,
+                    "task": first[traj_id],
+                    "history": history[start:],
+                    "shown_from": start,
+                    "response": row.response,
+                    "observation": row.observation,
+                }
+            )
+            history.append((row.response, row.observation))
+    return out
+
+
+def judged_outcomes(trainable: pd.DataFrame, config) -> pd.DataFrame:
+    """Of the trainable (valid, non-pending) trajectories, those whose steps the RM judges: all,
+    or with `rm.judge_trainable_only` those of tasks in `algo.band` or `algo.policy_band` (the only
+    ones whose samples can train; a task's accuracy over these trajectories, as step 4 computes it)."""
+    if not config.rm.judge_trainable_only:
+        return trainable
+    bands = (config.algo.band, config.algo.policy_band)
+    tasks = tasks_in_bands(trainable.outcome.to_numpy(), trainable.task_id.to_numpy(), *bands)
+    return trainable[trainable.task_id.isin(tasks)]
+
+
+def score_steps(config: Config, layout: RunLayout, iteration: int, frames: dict[str, pd.DataFrame]):
+    """rm_score for rm.role judge: the RM judges every step of the judged trajectories m times.
+    `frames`: the iteration's rollouts, episodes and outcomes -> ({artifact: rows} in the order
+    they are written, the last marking the step done; metrics)."""
+    steps, episodes, outcomes = frames["rollouts"], frames["episodes"], frames["outcomes"]
+    trainable = outcomes[outcomes.valid & ~outcomes.pending]
+    judged = judged_outcomes(trainable, config)
+    m = config.rm.judgments_per_step
+    todo = steps_to_judge(steps, episodes, judged, config.rm.history_steps) if m else []  # 0: no RM
+    rows: list[dict] = []
+    cache = PrefixCache()
+    with progress(f"iter {iteration}: rm_score", len(todo) * m) as advance:
+        if todo:  # with no RM in the loop (m = 0, the policy-only arm) nothing is loaded or judged
+            path = model_path(config, layout, "rm", iteration)
+            precision = precision_of(config, "rm", "generation", layout.run_dir)
+            engine, tokenizer = step_engine(config, "rm", path, precision, advance, layout.run_dir / "vllm-rm.log")
+            seed = derive_seed(config.run.seed, iteration, "rm_score")
+            rows = judge_as_configured(engine, tokenizer, todo, config, seed, prefix_cache=cache)
+            weights = weights_label(layout, engine.weights)
+            rows = [{**row, "weights": weights} for row in rows]
+    frame = pd.DataFrame(rows, columns=JUDGMENTS.names)
+    metrics = {
+        "rm/judgments": len(rows),
+        "rm/trajectories_unjudged": len(trainable) - len(judged),
+        "tokens/rm_response": int(frame.response_ids.map(len).sum()) if rows else 0,
+        "tokens/rm_prompt": int(frame.prompt_ids.map(len).sum()) if rows else 0,
+    }
+    if rows:  # none with no RM in the loop: no rate rather than a made-up 0
+        metrics[names.RM_PARSE_RATE] = float(frame.parsed.mean())
+    if cache.prompt_tokens:  # the transformers engine served them (vLLM reuses prefixes on its own)
+        metrics["tokens/rm_prompt_reused"] = cache.reused_tokens  # KV of earlier steps' history
+    return {"unit_tests": [], "pass_matrix": [], "judgments": rows}, metrics  # role judge: no tests

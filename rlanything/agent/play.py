@@ -14,17 +14,24 @@ the end of the live episode (`live_outcome`), since verify cannot replay them.
 
 from __future__ import annotations
 
+import logging
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlanything.algo.parsing import parse_answer
+import pandas as pd
+
+from rlanything.agent.run_context import model_path, step_engine, weights_label
+from rlanything.algo.parsing import FALLBACKS, parse_answer
 from rlanything.envs import make_env
 from rlanything.envs.base import Environment, example_of, replayable, screenshot
 from rlanything.models.engines.generation import GenerationEngine, PrefixCache
+from rlanything.models.precision import precision_of
 from rlanything.models.prompts import policy_messages, render
+from rlanything.progress import progress
 from rlanything.seeding import derive_seed, step_seed
+from rlanything.storage.layout import RunLayout
 
 
 @dataclass
@@ -85,6 +92,55 @@ def play_as_configured(
         answer_fallback=config.env.answer_fallback,
         **kwargs,
     )
+
+
+def play_iteration(config, layout: RunLayout, iteration: int, tasks: list[dict[str, Any]], save_screenshot=None):
+    """Step 1: the policy of `iteration` (last iteration's checkpoint, or the base) plays `tasks`
+    as the run is configured, on the run's engine -> (rows, episodes, metrics), every row naming
+    the weights that produced it."""
+    total = len(tasks) * config.policy.group_size * config.env.max_steps
+    shot_errors: list[str] = []
+    with progress(f"iter {iteration}: rollout", total) as advance:
+        path = model_path(config, layout, "policy", iteration)
+        precision = precision_of(config, "policy", "generation", layout.run_dir)
+        engine, tokenizer = step_engine(config, "policy", path, precision, advance, layout.run_dir / "vllm-policy.log")
+        cache = PrefixCache()
+        rows, episodes = play_as_configured(
+            engine,
+            tokenizer,
+            config,
+            tasks,
+            iteration,
+            save_screenshot=save_screenshot,
+            screenshot_errors=shot_errors,
+            prefix_cache=cache,
+        )
+        weights = weights_label(layout, engine.weights)  # which weights produced each sample
+    rows = [{**row, "weights": weights} for row in rows]
+    metrics = rollout_metrics(rows, episodes, shot_errors)
+    if cache.prompt_tokens:  # the transformers engine served them (vLLM reuses prefixes on its own)
+        metrics["tokens/policy_prompt_reused"] = cache.reused_tokens  # KV kept from the turn before
+    for line in shot_errors[:5]:
+        logging.getLogger(__name__).warning("screenshot failed: %s", line)
+    return rows, episodes, metrics
+
+
+def rollout_metrics(rows: list[dict], episodes: list[dict], shot_errors: list[str]) -> dict[str, float]:
+    """The rollout step's measures of its step `rows` and `episodes`."""
+    frame = pd.DataFrame(rows)
+    rate = lambda mask: float(mask.mean())  # noqa: E731
+    return {
+        "rollout/trajectories": len(episodes),
+        "rollout/steps": len(rows),
+        "rollout/action_parse_rate": rate(frame.action_status == "ok") if rows else 0.0,
+        "rollout/last_number_rate": rate(frame.action_status == "last_number") if rows else 0.0,
+        "rollout/fallback_rate": rate(frame.action_status.isin(FALLBACKS)) if rows else 0.0,
+        "rollout/truncated_frac": rate(frame.finish_reason == "length") if rows else 0.0,
+        "tokens/policy_prompt": int(frame.prompt_tokens.sum()) if rows else 0,
+        "tokens/policy_response": int(frame.response_tokens.sum()) if rows else 0,
+        "rollout/env_errors": sum(e["termination"] == "env_error" for e in episodes),
+        "rollout/screenshot_errors": len(shot_errors),
+    }
 
 
 def play(

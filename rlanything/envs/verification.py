@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 
 import pandas as pd
 
+from rlanything import stopping
 from rlanything.environment import runs_code
 from rlanything.envs.base import env_class, make_env, optional, replayable, step_labels
 
@@ -101,3 +103,37 @@ def label_episode(env_config, outcome: dict, spec: str, actions: list[str | None
             label, rule = labelled
             rows.append({**ids, "step_idx": step_idx, "label": label, "rule": rule})
     return rows
+
+
+def verify_all(env_config, episodes: pd.DataFrame, steps: pd.DataFrame, specs: pd.Series):
+    """Step 2 over an iteration: every episode's outcome (`verify_episode`) and, where the
+    environment knows them, its step labels (`label_episode`; a labelling failure costs that
+    trajectory's labels only: they measure the RM and never reach the reward). `steps`: the
+    rollouts, `specs`: spec by task_id -> (outcome rows, label rows, labelling failures, the
+    programs the replays ran in the sandbox by isolation)."""
+    # a missing action reads back as NaN (pandas' string dtype); environments are promised None
+    actions = (
+        steps.sort_values("step_idx")
+        .groupby("traj_id")
+        .action.apply(lambda column: [a if isinstance(a, str) else None for a in column])
+    )
+    sandbox_runs = collections.Counter()
+    rows = []
+    for ep in episodes.itertuples(index=False):
+        stopping.check()  # a replay can take long (a game, a sandboxed program)
+        rows.append(
+            verify_episode(env_config, ep._asdict(), specs[ep.task_id], actions.get(ep.traj_id, []), sandbox_runs)
+        )
+    labels, label_errors = [], 0
+    for row in rows:
+        stopping.check()
+        try:
+            labelled = label_episode(env_config, row, specs[row["task_id"]], actions.get(row["traj_id"], []))
+        except Exception as err:  # labels only measure the RM: a failure costs this trajectory's labels
+            label_errors += 1
+            logging.getLogger(__name__).warning("step labels of trajectory %d: %r", row["traj_id"], err)
+            continue
+        if labelled is None:  # the environment labels no step
+            break
+        labels += labelled
+    return rows, labels, label_errors, sandbox_runs

@@ -51,6 +51,7 @@ from pathlib import Path
 
 from prefect import flow
 
+from rlanything.agent.run_context import saved_models
 from rlanything.config import Config, ConfigError, load_config
 from rlanything.envs.heldout import SPLITS
 from rlanything.reports.eval_report import eval_history, plot_eval_curves, training_wall_time
@@ -59,7 +60,6 @@ from rlanything.storage.checkpoints import weights_digest
 from rlanything.storage.layout import RUNS, RunLayout, run_folder
 from rlanything.storage.parquet import write_text
 from rlanything.tasks.cancellation import stoppable
-from rlanything.tasks.common import saved_models
 from rlanything.tasks.evaluate import eval_report, evaluate_split
 
 BASE = -1  # the "iteration" of a run's starting model (MLflow step -1, wall time 0)

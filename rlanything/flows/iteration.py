@@ -17,6 +17,7 @@ import json
 
 from prefect import flow, get_run_logger
 
+from rlanything.agent.run_context import open_run, saved_models
 from rlanything.flows.runlock import run_lock
 from rlanything.flows.steps import run_on_deployment
 from rlanything.reports.iteration_report import write_reports
@@ -25,7 +26,7 @@ from rlanything.storage.layout import RunLayout
 from rlanything.storage.parquet import write_text
 from rlanything.tasks.adapt import adapt_tasks
 from rlanything.tasks.cancellation import stoppable
-from rlanything.tasks.common import open_run, saved_models, step_options
+from rlanything.tasks.common import step_options
 from rlanything.tasks.rollout import rollout, verify
 from rlanything.tasks.scoring import advantages, rm_score
 from rlanything.tasks.update import policy_update, rm_update

@@ -17,7 +17,9 @@ from prefect import flow
 from prefect.deployments import run_deployment
 from prefect.states import Completed, State
 
-from rlanything.storage.layout import STEPS, RunLayout
+from rlanything.pipeline import STEPS
+
+from rlanything.storage.layout import RunLayout
 from rlanything.tasks.adapt import adapt_tasks
 from rlanything.tasks.cancellation import stoppable
 from rlanything.tasks.common import step_key, step_options

@@ -1,11 +1,5 @@
-"""Where every file of a run lives, and THE declaration of the pipeline: its seven steps, in
-order, with the files each one writes.
-
-`PIPELINE` is the single source: `RunLayout.step_outputs`, the iteration flow (a test checks
-its calls follow this order), the step-deployment flow, the config's `run.step_deployments`
-keys and the fault-injection hook all read it. This module imports nothing of ours, so the
-config may import it.
-"""
+"""Where every file of a run lives: the run folder's iterations, artifacts, checkpoints, task
+buffers and resume records. Which files each step writes is declared in rlanything/pipeline.py."""
 
 from __future__ import annotations
 
@@ -13,29 +7,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-
-@dataclass(frozen=True)
-class Step:
-    """One step of an iteration and the files whose existence means it finished."""
-
-    name: str
-    artifacts: tuple[str, ...]  # iter_NNNN/<artifact>.parquet (their schemas: storage/schemas.py ARTIFACTS)
-    checkpoint: str | None = None  # "policy" | "rm": also writes checkpoints/<kind>/iter_NNNN/
-    next_tasks: bool = False  # also writes the next iteration's task buffer tasks/v(N+1).parquet
+from rlanything.pipeline import PIPELINE, STEPS
 
 
-PIPELINE = (
-    Step("rollout", ("rollouts", "episodes")),  # 1. the policy plays each task G times
-    # 2. the environment's outcome ±1 per trajectory (and its step labels, where it knows them)
-    Step("verify", ("step_labels", "outcomes")),
-    # 3. the generative RM judges every step m times (or, coding, writes unit tests: rm.role)
-    Step("rm_score", ("judgments", "unit_tests", "pass_matrix")),
-    Step("advantages", ("advantages",)),  # 4. rewards, advantages, which samples train
-    Step("policy_update", ("policy_update",), checkpoint="policy"),  # 5. PPO-clip on the policy
-    Step("rm_update", ("rm_update",), checkpoint="rm"),  # 6. the same loss on the RM's judgments
-    Step("adapt_tasks", ("adaptation",), next_tasks=True),  # 7. tasks outside the band are adapted
-)
-STEPS = tuple(step.name for step in PIPELINE)  # the names, in order
 RUNS = Path("runs")  # where the command line looks a run name up (relative to the working folder)
 
 

@@ -9,23 +9,22 @@ from collections import Counter
 import pandas as pd
 
 from rlanything.agent.adapt_tasks import adapt
+from rlanything.agent.rm_roles import critic_judgments
+from rlanything.agent.run_context import open_run
 from rlanything.envs import env_class
 from rlanything.metric_names import ADAPT_ACCEPTED_TOTAL, ADAPT_DECISIONS, adapt_metric
 from rlanything.models.precision import precision_of
 from rlanything.storage.artifacts import read_artifact, write_artifact
 from rlanything.storage.buffer import read_buffer, write_buffer
 from rlanything.storage.schemas import ADAPTATION
-from rlanything.tasks.common import open_run, step_task
-from rlanything.tasks.unit_tests import failed_test_judgments
+from rlanything.tasks.common import step_task
 
 
 @step_task("adapt_tasks")
 def adapt_tasks(run_dir: str, iteration: int):
     config, layout = open_run(run_dir)
-    frames = {n: read_artifact(layout, iteration, n) for n in ("outcomes", "judgments", "rollouts", "episodes")}
-    if config.rm.role == "unit_tests":  # the critic reads the correct generated tests a solution failed
-        tests, matrix = (read_artifact(layout, iteration, n) for n in ("unit_tests", "pass_matrix"))
-        frames["judgments"] = failed_test_judgments(tests, matrix, frames["rollouts"])
+    names = ("outcomes", "judgments", "rollouts", "episodes", "unit_tests", "pass_matrix")
+    frames = {n: read_artifact(layout, iteration, n) for n in names}
     before = read_buffer(layout.tasks_snapshot(iteration))
     rows, buffer = adapt(
         config,
@@ -33,7 +32,7 @@ def adapt_tasks(run_dir: str, iteration: int):
         iteration,
         before,
         frames["outcomes"],
-        frames["judgments"],
+        critic_judgments(config, frames),  # what the critic summary reads
         frames["rollouts"],
         frames["episodes"],
         env_precision=precision_of(config, "env_model", run_dir=layout.run_dir),

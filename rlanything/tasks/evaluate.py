@@ -13,49 +13,19 @@ from pathlib import Path
 import pandas as pd
 from prefect import task
 
-from rlanything.agent.eval_judge import PROCESS_MEASURES, held_out_labels, judge_split, rm_measures
-from rlanything.agent.eval_play import earlier_split, heldout_problems, play_greedy_steps, play_key, rm_key, step_rows
+from rlanything.agent.eval_judge import PROCESS_MEASURES, eval_contexts, held_out_labels, judge_split, rm_measures
+from rlanything.agent.eval_play import earlier_split, heldout_problems, play_key, play_split, rm_key, trained_specs
 from rlanything.algo.metrics import success_summary
 from rlanything.config import load_config
+from rlanything.debug_faults import inject_fault
 from rlanything.envs.heldout import SPLITS
-from rlanything.models.engines.make import make_engine
 from rlanything.models.precision import precision_of
 from rlanything.reports.eval_report import RM_MEASURES, plot_splits, summary_markdown
-from rlanything.storage.buffer import read_buffer
 from rlanything.storage.parquet import read_table, write_table
 from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS, EVAL_STEP_LABELS, EVAL_STEPS
-from rlanything.tasks.common import inject_fault, noting_stops
-from rlanything.tasks.scoring import steps_to_judge
+from rlanything.tasks.common import noting_stops
 
 BASE_ITERATION = -1  # how the fault hook names a model that no iteration of a run wrote
-
-
-def trained_specs(run_dir: str | None) -> list[dict]:
-    """Every spec a run's task buffer ever held (every snapshot, every version and status)."""
-    if run_dir is None:
-        return []
-    specs = {}
-    for snapshot in sorted((Path(run_dir) / "tasks").glob("v*.parquet")):
-        for spec in read_buffer(snapshot).spec:
-            specs[spec] = json.loads(spec)
-    return list(specs.values())
-
-
-def _play(config, weights: str, specs: list[dict], split: str, precision: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The policy in `weights` plays `specs` greedily in `precision` -> (episodes, EVAL_STEPS
-    steps); its engine is gone when this returns (before the RM loads)."""
-    engine, tokenizer = make_engine(config.policy, "policy", Path(weights), precision)
-    max_new_tokens = config.eval.max_new_tokens or config.policy.max_new_tokens
-    rows, steps = play_greedy_steps(engine, tokenizer, config.env, specs, split, max_new_tokens=max_new_tokens)
-    episodes = pd.DataFrame(rows) if rows else pd.DataFrame(columns=EVAL_EPISODES.names)
-    return episodes, pd.DataFrame(step_rows(split, steps), columns=EVAL_STEPS.names)
-
-
-def eval_contexts(episodes: pd.DataFrame, steps: pd.DataFrame, history_steps: int | None) -> list[dict]:
-    """What the RM judges in an evaluation: the rm_score step's contexts (`steps_to_judge`) of one
-    split's valid `episodes` (EVAL_EPISODES) and their `steps` (EVAL_STEPS), traj_id = problem_idx."""
-    frame = episodes.rename(columns={"problem_idx": "traj_id"}).assign(pending=False)
-    return steps_to_judge(steps.rename(columns={"problem_idx": "traj_id"}), frame, frame, history_steps)
 
 
 @task(name="eval-split", task_run_name="eval {split}")
@@ -91,7 +61,7 @@ def evaluate_split(
         keys["rm_key"] = rm_key(config, (digests or {}).get("rm"), keys["play_key"], precision["rm"])
     source = earlier_split([Path(f) for f in earlier or []], split, specs, keys)
     episodes, steps = (
-        _play(config, weights, specs, split, precision["policy"])
+        play_split(config, weights, specs, split, precision["policy"])
         if source is None
         else (source.episodes(), source.steps())
     )

@@ -1,190 +1,39 @@
-"""Steps 5–6: the PPO-clip updates of the policy and of the reward model.
-
-Both start from the previous iteration's checkpoint (weights and AdamW moments) and write
-this iteration's, even when no sample survived the filters, so the next iteration always has
-one to load. The exception is an RM the run never loads nor trains (no RM in the loop,
-`tasks.common.saved_models`): its update writes an empty rm_update.parquet and no checkpoint,
-which would only copy its base weights; whoever needs them takes the base (`model_path`).
-"""
+"""Steps 5–6 as Prefect tasks: the PPO-clip updates of the policy and of the reward model
+(`agent.update_data.train_model`; what each trains on: `agent.rm_roles.update_samples`)."""
 
 from __future__ import annotations
 
-import logging
-
-import pandas as pd
-
-from rlanything.algo.mismatch import combine_steps
-from rlanything.config import Config, PolicyConfig, RewardModelConfig
-from rlanything.metric_names import STEP_MEASURES, update_metric
-from rlanything.models.engines.generation import Choice
-from rlanything.models.judge import chosen_tokens, verdict_choice
-from rlanything.models.loading import load_tokenizer
-from rlanything.models.precision import recompute_old_logprobs, run_precision
-from rlanything.models.training.distributed import UpdateJob, launch_update, run_update
-from rlanything.models.training.trainer import Sample
-from rlanything.progress import progress
-from rlanything.seeding import derive_seed
+from rlanything.agent.rm_roles import update_samples
+from rlanything.agent.run_context import open_run
+from rlanything.agent.update_data import steps_taken, train_model, update_metrics
+from rlanything.metric_names import update_metric
 from rlanything.storage import tracking
-from rlanything.storage.artifacts import artifact_rows, read_artifact, write_artifact
+from rlanything.storage.artifacts import write_artifact
 from rlanything.storage.checkpoints import folder_bytes
-from rlanything.storage.layout import RunLayout
-from rlanything.storage.schemas import UPDATE
-from rlanything.tasks.common import model_path, open_run, saved_models, step_task
+from rlanything.tasks.common import step_task
 
 
-def to_samples(rows: pd.DataFrame, choice: Choice | None = None) -> list[Sample]:
-    """rows with prompt_ids, response_ids, logprobs, advantage (and step_score with `choice`)
-    -> trainer samples; with `choice`, each trains only the tokens its RM chose
-    (`judge.chosen_tokens`: the constrained verdict's appended tokens are left out)."""
-    return [
-        Sample(
-            list(r.prompt_ids) + list(r.response_ids),
-            len(r.response_ids),
-            list(r.logprobs),
-            float(r.advantage),
-            trained=None if choice is None else chosen_tokens(list(r.response_ids), int(r.step_score), choice),
-        )
-        for r in rows.itertuples(index=False)
-    ]
-
-
-def steps_taken(layout: RunLayout, kind: str, iteration: int) -> int:
-    """Optimizer steps `kind` took in iterations 0..iteration-1 (their update artifacts): where
-    the lr schedule stands when this iteration's update starts, the same on a resume."""
-    return sum(artifact_rows(layout, i, f"{kind}_update") for i in range(iteration))
-
-
-def _update(run_dir: str, iteration: int, kind: str, samples: list[Sample], section: PolicyConfig | RewardModelConfig):
+def _update(run_dir: str, iteration: int, kind: str):
     config, layout = open_run(run_dir)
-    samples = [] if section.optim.frozen else samples  # a control run: the checkpoint keeps the start weights
-    first_step = steps_taken(layout, kind, iteration)
-    history = []  # and no checkpoint for a model the run never loads nor trains (`saved_models`)
-    if kind in saved_models(config):
-        job = _job(config, layout, iteration, kind, section, first_step)
-        if config.train.launch:  # DDP / DeepSpeed processes of their own (train.launch)
-            job_path = layout.iter_dir(iteration).resolve() / ".jobs" / f"{kind}_update.json"
-            history = launch_update(job, samples, config.train.launch, job_path)
-        else:
-            with progress(f"iter {iteration}: {kind}_update", len(samples)) as advance:
-                history = run_update(job, samples, config.train.backend, on_micro_batch=advance)
+    samples = update_samples(config, layout, iteration, kind)
+    first_step = steps_taken(layout, kind, iteration)  # where the lr schedule stands, the same on a resume
+    history = train_model(config, layout, iteration, kind, samples)
     path = write_artifact(history, layout, iteration, f"{kind}_update")  # last: marks the step done
     metrics = {update_metric(kind, "samples"): len(samples), update_metric(kind, "optimizer_steps"): len(history)}
     metrics[f"checkpoint/{kind}_bytes_written"] = folder_bytes(layout.checkpoint(kind, iteration))
     if history:
-        metrics |= _history_metrics(config, layout, kind, history, first_step)
+        summary, per_step = update_metrics(kind, history, first_step)
+        metrics |= summary
+        for step, values in per_step:  # MLflow charts every optimizer step at the run's step count
+            tracking.log_metrics(config.mlflow_uri, layout.mlflow_run_id(), values, step=step)
     return [path], metrics  # checkpoints stay in the run folder: too big to copy per iteration
-
-
-def _job(
-    config: Config,
-    layout: RunLayout,
-    iteration: int,
-    kind: str,
-    section: PolicyConfig | RewardModelConfig,
-    first_step: int,
-) -> UpdateJob:
-    """The update of `kind` in `iteration`: from the previous checkpoint (or the base) to this one."""
-    optim = section.optim
-    precision = run_precision(config, layout.run_dir)[kind]
-    generation, update = precision["generation"].precision, precision["update"].precision
-    recompute = recompute_old_logprobs(config.algo.old_logprobs, generation, update)
-    if config.algo.tis_cap is not None and not recompute:
-        logging.getLogger(__name__).warning(
-            "algo.tis_cap is off for the %s update: old_logprobs auto resolved to the sampler's "
-            "(generation and update both fp32); set algo.old_logprobs trainer to use it",
-            kind,
-        )
-    return UpdateJob(
-        start=str(model_path(config, layout, kind, iteration).resolve()),
-        out=str(layout.checkpoint(kind, iteration).resolve()),
-        precision=update,
-        recompute_old=recompute,
-        tis_cap=config.algo.tis_cap if recompute else None,
-        anchor=str(model_path(config, layout, kind, 0).resolve()) if optim.anchor_beta else None,
-        anchor_beta=optim.anchor_beta,
-        lora=section.lora.model_dump(),
-        lr=optim.lr,
-        weight_decay=optim.weight_decay,
-        grad_clip=optim.grad_clip,
-        updates=optim.updates_per_iteration,
-        micro_batch_size=optim.micro_batch_size,
-        temperature=section.temperature,
-        clip_eps=config.algo.clip_eps,
-        kl_beta=config.algo.kl_beta,
-        seed=derive_seed(config.run.seed, iteration, f"{kind}_update"),
-        epochs=optim.epochs,
-        first_step=first_step,
-        warmup_steps=optim.warmup_steps,
-        schedule=optim.schedule,
-        total_steps=optim.total_steps or config.run.iterations * optim.epochs * optim.updates_per_iteration,
-        min_lr_ratio=optim.min_lr_ratio,
-        device=section.device,
-        extra={"kind": kind, "iteration": iteration},
-    )
-
-
-def _history_metrics(config: Config, layout: RunLayout, kind: str, history: list[dict], first_step: int) -> dict:
-    """The update's sample-weighted measures, its lr, mismatch and tokens; every optimizer step's
-    measures go to MLflow at x = the run's optimizer step (MLflow charts them per step)."""
-    frame = pd.DataFrame(history, columns=UPDATE.names)
-    weights = frame.num_samples / frame.num_samples.sum()
-    metrics = {update_metric(kind, key): float((frame[key] * weights).sum()) for key in STEP_MEASURES}
-    metrics[update_metric(kind, "lr_last")] = float(frame.lr.iloc[-1])
-    if frame.anchor_kl.notna().any():  # the drift from the run's start (optim.anchor_beta)
-        metrics[update_metric(kind, "anchor_kl")] = float((frame.anchor_kl * weights).sum())
-    metrics |= _mismatch(kind, frame)
-    metrics[f"tokens/{kind}_trained"] = int(frame.num_tokens.sum())
-    for row in frame.itertuples(index=False):
-        step_metrics = {f"{kind}_step/{key}": getattr(row, key) for key in (*STEP_MEASURES, "lr")}
-        tracking.log_metrics(config.mlflow_uri, layout.mlflow_run_id(), step_metrics, step=first_step + row.update_idx)
-    return metrics
-
-
-def _mismatch(kind: str, frame: pd.DataFrame) -> dict[str, float]:
-    """The iteration's sampler/trainer gap from its first pass's steps (each sample once):
-    token-weighted mean and share outside the cap, the largest gap; none where not recomputed."""
-    first = frame[frame.epoch == 0]
-    if first.mismatch_abs_mean.isna().all():
-        return {}
-    gap = combine_steps(first.mismatch_abs_mean, first.mismatch_abs_max, first.mismatch_outside_cap, first.num_tokens)
-    return {f"mismatch/{kind}_{key}": value for key, value in gap.items()}
 
 
 @step_task("policy_update")
 def policy_update(run_dir: str, iteration: int):
-    config, layout = open_run(run_dir)
-    return _update(run_dir, iteration, "policy", update_samples(config, layout, iteration, "policy"), config.policy)
+    return _update(run_dir, iteration, "policy")
 
 
 @step_task("rm_update")
 def rm_update(run_dir: str, iteration: int):
-    config, layout = open_run(run_dir)
-    return _update(run_dir, iteration, "rm", update_samples(config, layout, iteration, "rm"), config.rm)
-
-
-def update_samples(config: Config, layout: RunLayout, iteration: int, kind: str) -> list[Sample]:
-    """What the update of `kind` ("policy" or "rm") trains on in `iteration`: its kept rollout
-    steps, or the RM's kept judgments (its generated tests where the RM writes unit tests)."""
-    if kind == "rm" and config.rm.role == "judge":
-        return judgment_samples(config, layout, iteration, chosen_only=not config.rm.train_forced_tokens)
-    adv = read_artifact(layout, iteration, "advantages")
-    if kind == "policy":
-        kept = adv[(adv.kind == "policy") & adv.kept][["traj_id", "step_idx", "advantage"]]
-        steps = read_artifact(layout, iteration, "rollouts")
-        return to_samples(kept.merge(steps, on=["traj_id", "step_idx"], how="inner", validate="one_to_one"))
-    # the RM writes unit tests: its samples are its generated tests (judge_idx = test_idx)
-    tests = read_artifact(layout, iteration, "unit_tests").rename(columns={"test_idx": "judge_idx"})
-    kept = adv[(adv.kind == "rm") & adv.kept][["task_id", "judge_idx", "advantage"]]
-    return to_samples(kept.merge(tests, on=["task_id", "judge_idx"], how="inner", validate="one_to_one"))
-
-
-def judgment_samples(config: Config, layout: RunLayout, iteration: int, chosen_only: bool) -> list[Sample]:
-    """The RM's kept judgments of `iteration` (its advantages artifact) as trainer samples; with
-    `chosen_only`, each marks the tokens its RM chose (`to_samples`)."""
-    adv, judgments = read_artifact(layout, iteration, "advantages"), read_artifact(layout, iteration, "judgments")
-    kept = adv[(adv.kind == "rm") & adv.kept][["traj_id", "step_idx", "judge_idx", "advantage"]]
-    rows = kept.merge(judgments, on=["traj_id", "step_idx", "judge_idx"], how="inner", validate="one_to_one")
-    choice = None
-    if chosen_only:  # the RM's tokenizer spells the appended verdict tokens
-        choice = verdict_choice(load_tokenizer(model_path(config, layout, "rm", iteration)))
-    return to_samples(rows, choice)
+    return _update(run_dir, iteration, "rm")

@@ -16,13 +16,13 @@ from scripted_policy import ScriptedPolicy  # noqa: E402
 
 from rlanything.agent.eval_judge import judge_split, rm_measures  # noqa: E402
 from rlanything.agent.eval_play import play_greedy, play_greedy_steps  # noqa: E402
+from rlanything.agent.judging import steps_to_judge  # noqa: E402
 from rlanything.algo.rm_accuracy import auroc_interval  # noqa: E402
 from rlanything.config import build_config  # noqa: E402
 from rlanything.envs.heldout import heldout_specs  # noqa: E402
 from rlanything.reports.eval_report import RM_MEASURES  # noqa: E402
 from rlanything.storage.parquet import read_table  # noqa: E402
 from rlanything.storage.schemas import EVAL_JUDGMENTS  # noqa: E402
-from rlanything.tasks.scoring import steps_to_judge  # noqa: E402
 
 ARITH = {
     "min_terms": 2,

@@ -127,7 +127,7 @@ def test_the_rm_of_each_checkpoint_judges_the_held_out_episodes(evaluated_run):
 
 
 def test_the_same_problems_for_every_checkpoint_and_none_from_training(evaluated_run):
-    from rlanything.tasks.evaluate import trained_specs
+    from rlanything.agent.eval_play import trained_specs
 
     run_dir = Path(evaluated_run["run_dir"])
     base, first, second = (

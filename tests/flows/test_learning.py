@@ -22,9 +22,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from rlanything.agent import rm_roles
 from rlanything.storage.artifacts import read_artifact
 from rlanything.storage.layout import RunLayout
-from rlanything.tasks import scoring
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +70,7 @@ def signed_policy_advantages(monkeypatch, sign: int) -> list[pd.DataFrame]:
     """Make the advantages step multiply its policy samples' advantages by `sign`: the step looks
     `compute_samples` up in its module when it runs, in this process. -> the frames as computed,
     before the sign, one per call."""
-    computed, compute = [], scoring.compute_samples
+    computed, compute = [], rm_roles.compute_samples
 
     def signed(*args, **kwargs):
         samples = compute(*args, **kwargs)
@@ -78,7 +78,7 @@ def signed_policy_advantages(monkeypatch, sign: int) -> list[pd.DataFrame]:
         samples.loc[samples.kind == "policy", "advantage"] *= sign
         return samples
 
-    monkeypatch.setattr(scoring, "compute_samples", signed)
+    monkeypatch.setattr(rm_roles, "compute_samples", signed)
     return computed
 
 

@@ -24,7 +24,9 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
-from rlanything.storage.layout import STEPS, RunLayout
+from rlanything.pipeline import STEPS
+
+from rlanything.storage.layout import RunLayout
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs" / "tiny.yaml")

@@ -93,7 +93,8 @@ def test_steps_run_on_the_work_pools_their_deployments_name(workers, tmp_path, s
     from prefect.client.schemas.filters import DeploymentFilter, FlowRunFilter
 
     from rlanything.flows.training import train_flow
-    from rlanything.storage.layout import STEPS, RunLayout
+    from rlanything.pipeline import STEPS
+    from rlanything.storage.layout import RunLayout
 
     placed = "{" + ", ".join(f"{step}: rlanything-step/{name}" for step, name in PLACED.items()) + "}"
     overrides = [f"run.root={tmp_path / 'runs'}", "run.name=pools", f"run.step_deployments={placed}", *small_overrides]

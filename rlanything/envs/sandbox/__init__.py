@@ -51,8 +51,9 @@ write to world-writable folders and use the network: a warning is logged and eve
 count in `sandbox_runs`). docs/sandbox.md lists what was tried against both.
 """
 
+from rlanything.envs.sandbox.command import Runtime
 from rlanything.envs.sandbox.grading import outputs_match, run_tests
-from rlanything.envs.sandbox.probe import Runtime, SandboxUnavailable, checked_runtime, runtime
+from rlanything.envs.sandbox.probe import SandboxUnavailable, checked_runtime, runtime
 from rlanything.envs.sandbox.program import PRIVATE_PREFIX, ProgramResult, run_program, sweep_orphans
 
 __all__ = [

@@ -8,16 +8,26 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from rlanything.environment import SandboxConfig
-
-if TYPE_CHECKING:
-    from rlanything.envs.sandbox.probe import Runtime
 
 WORKDIR = "/sandbox"  # the code's working folder inside bubblewrap
 BWRAP_PROCESSES = 2  # bwrap outside + bwrap as the namespace's init: counted by RLIMIT_NPROC
 KEEPER_PROCESSES = 1  # the run's keeper (supervise.py), ours: counted when we keep our uid
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What runs the code here, as `probe.runtime` found it: the interpreter, bwrap or why not, the uids."""
+
+    python: str  # the interpreter that runs the code (same path inside and outside)
+    prefix: str  # its installation prefix, bound read-only (with /usr)
+    uid: int | None  # the first of the uids bwrap (or the weak child) runs as (`run_uid`); None: we keep ours
+    bwrap: str | None  # bwrap's path when it runs here, else None
+    notes: str  # why bwrap cannot run, or ""
+    setpriv: str = "setpriv"  # util-linux's setpriv and prlimit
+    prlimit: str = "prlimit"
 
 
 def clean_env(home: str, tmp: str) -> dict[str, str]:

@@ -12,11 +12,10 @@ import shutil
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 from rlanything.environment import SandboxConfig
-from rlanything.envs.sandbox.command import bwrap_argv, own_process_count, wrappers
+from rlanything.envs.sandbox.command import Runtime, bwrap_argv, own_process_count, wrappers
 
 log = logging.getLogger(__name__)
 
@@ -26,17 +25,6 @@ UID_SLOTS = 64  # throw-away uids per process, one per run in turn (`run_uid`)
 
 class SandboxUnavailable(RuntimeError):
     """bubblewrap cannot run here and the configuration does not allow the weak mode."""
-
-
-@dataclass(frozen=True)
-class Runtime:
-    python: str  # the interpreter that runs the code (same path inside and outside)
-    prefix: str  # its installation prefix, bound read-only (with /usr)
-    uid: int | None  # the first of the uids bwrap (or the weak child) runs as (`run_uid`); None: we keep ours
-    bwrap: str | None  # bwrap's path when it runs here, else None
-    notes: str  # why bwrap cannot run, or ""
-    setpriv: str = "setpriv"  # util-linux's setpriv and prlimit
-    prlimit: str = "prlimit"
 
 
 def _world_reachable(path: str) -> bool:

@@ -4,8 +4,13 @@ advantages rows, metrics and what the critic summary reads."""
 import numpy as np
 import pandas as pd
 
+from rlanything.agent.unit_test_scoring import (
+    failed_test_judgments,
+    solutions,
+    unit_test_advantage_rows,
+    unit_test_metrics,
+)
 from rlanything.models.rewriters import extractive_summary, failed_steps
-from rlanything.tasks.unit_tests import failed_test_judgments, solutions, unit_test_advantage_rows, unit_test_metrics
 
 
 def frames():

@@ -3,7 +3,7 @@ glue around `models.judge.write_unit_tests`, `envs.unit_tests` and `algo.unit_te
 
 rm_score writes unit_tests.parquet (one row per generated test) and pass_matrix.parquet (one
 row per parsed test and trainable solution of its task); judgments.parquet stays empty. The
-advantages step reads them back. Called by the step tasks of tasks/scoring.py.
+advantages step reads them back. The step tasks reach it through `agent.rm_roles.RM_ROLES`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from rlanything import metric_names as names
+from rlanything.agent.run_context import model_path, weights_label
 from rlanything.algo.unit_test_rewards import correct_test_pass_fraction, unit_test_samples, unit_test_scores
 from rlanything.config import Config
 from rlanything.envs.unit_tests import parse_unit_test, pass_matrix, unit_test_form
@@ -23,11 +24,8 @@ from rlanything.models.judge import write_unit_tests
 from rlanything.models.precision import precision_of
 from rlanything.progress import progress
 from rlanything.seeding import derive_seed
-from rlanything.storage.artifacts import read_artifact, write_artifact
-from rlanything.storage.buffer import read_buffer
 from rlanything.storage.layout import RunLayout
 from rlanything.storage.schemas import ADVANTAGES, PASS_MATRIX, UNIT_TESTS
-from rlanything.tasks.common import model_path, weights_label
 
 
 def solutions(steps: pd.DataFrame, outcomes: pd.DataFrame) -> pd.DataFrame:
@@ -45,10 +43,12 @@ def solutions(steps: pd.DataFrame, outcomes: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("traj_id").reset_index(drop=True)
 
 
-def score_with_unit_tests(config: Config, layout: RunLayout, iteration: int) -> tuple[list, dict]:
-    """rm_score for rm.role unit_tests -> (written paths, metrics)."""
-    sols = solutions(read_artifact(layout, iteration, "rollouts"), read_artifact(layout, iteration, "outcomes"))
-    specs = read_buffer(layout.tasks_snapshot(iteration)).set_index("task_id").spec
+def score_with_unit_tests(config: Config, layout: RunLayout, iteration: int, frames: dict[str, pd.DataFrame]):
+    """rm_score for rm.role unit_tests. `frames`: the iteration's rollouts, outcomes and `specs`
+    (the task buffer's spec column by task_id) -> ({artifact: rows} in the order they are
+    written, the last marking the step done; metrics)."""
+    sols = solutions(frames["rollouts"], frames["outcomes"])
+    specs = frames["specs"]
     task_ids = list(dict.fromkeys(sols.task_id))  # tasks with a trainable solution, first-seen order
     forms = {t: unit_test_form(json.loads(specs[t])) for t in task_ids}  # (style, request, example)
     requests = [(t, request, example) for t, (_, request, example) in forms.items()]
@@ -105,14 +105,11 @@ def score_with_unit_tests(config: Config, layout: RunLayout, iteration: int) -> 
                             "solution_correct": bool(sol.correct),
                         }
                     )
-    paths = [
-        write_artifact([], layout, iteration, "judgments"),  # the RM judges no step in this role
-        write_artifact(tests, layout, iteration, "unit_tests"),
-        write_artifact(matrix_rows, layout, iteration, "pass_matrix"),  # last: marks the step done
-    ]
-    return paths, unit_test_metrics(
+    metrics = unit_test_metrics(
         pd.DataFrame(tests, columns=UNIT_TESTS.names), pd.DataFrame(matrix_rows, columns=PASS_MATRIX.names)
     )
+    # the RM judges no step in this role; pass_matrix last: it marks the step done
+    return {"judgments": [], "unit_tests": tests, "pass_matrix": matrix_rows}, metrics
 
 
 def unit_test_metrics(tests: pd.DataFrame, matrix: pd.DataFrame) -> dict[str, float]:

@@ -3,8 +3,8 @@ the step and what happened next."""
 
 import pandas as pd
 
+from rlanything.agent.judging import steps_to_judge
 from rlanything.models.prompts import judge_messages
-from rlanything.tasks.scoring import steps_to_judge
 
 
 def trajectory(n: int) -> tuple[pd.DataFrame, pd.DataFrame]:

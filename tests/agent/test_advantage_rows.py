@@ -3,8 +3,8 @@
 import pandas as pd
 import pytest
 
-from rlanything.tasks.scoring import compute_samples
-from rlanything.tasks.update import to_samples
+from rlanything.agent.advantage_rows import compute_samples
+from rlanything.agent.update_data import to_samples
 
 
 def frames():
@@ -106,8 +106,8 @@ def test_rm_samples_can_leave_the_forced_verdict_tokens_out():
 def test_judging_only_the_trainable_tasks_leaves_every_kept_sample_as_it_was():
     from pathlib import Path
 
+    from rlanything.agent.judging import judged_outcomes
     from rlanything.config import load_config
-    from rlanything.tasks.scoring import judged_outcomes
 
     outcomes, judgments = frames()
     outcomes = outcomes.assign(valid=True, pending=False)
