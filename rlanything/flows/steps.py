@@ -28,7 +28,7 @@ from rlanything.tasks.scoring import advantages, rm_score
 from rlanything.tasks.update import policy_update, rm_update
 
 _TASKS = {t.name: t for t in (rollout, verify, rm_score, advantages, policy_update, rm_update, adapt_tasks)}
-STEP_TASKS = {name: _TASKS[name] for name in STEPS}  # in the order `storage.layout.PIPELINE` declares
+STEP_TASKS = {name: _TASKS[name] for name in STEPS}  # in the order `pipeline.PIPELINE` declares
 
 
 class RemoteStepError(RuntimeError):

@@ -68,7 +68,7 @@ class RunLayout:
 
     def step_outputs(self, iteration: int, step: str, saved: Collection[str] = ("policy", "rm")) -> list[Path]:
         """The files whose existence means `step` of `iteration` finished (from `PIPELINE`);
-        `saved`: the models the run checkpoints (`tasks.common.saved_models`: a policy-only
+        `saved`: the models the run checkpoints (`agent.run_context.saved_models`: a policy-only
         run's rm_update writes no checkpoint)."""
         decl = next((s for s in PIPELINE if s.name == step), None)
         if decl is None:

@@ -1,4 +1,4 @@
-"""The unit-test role's frame glue (tasks/unit_tests.py), on hand-computed numbers: solutions,
+"""The unit-test role's frame glue (agent/unit_test_scoring.py), on hand-computed numbers: solutions,
 advantages rows, metrics and what the critic summary reads."""
 
 import numpy as np
@@ -67,7 +67,7 @@ def test_solutions_keep_the_trainable_ones_with_their_answer_and_test_fraction()
 def test_advantage_rows_by_hand():
     steps, outcomes, tests, matrix = frames()
     rows = unit_test_advantage_rows(
-        solutions(steps, outcomes), tests, matrix, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8)
+        solutions(steps, outcomes), tests, matrix, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0
     )
     policy = rows[rows.kind == "policy"].set_index("traj_id")
     # a's correct tests: {0}; R = fraction + 1·(correct tests passed): 1 + 1, .5 + 0, 0 + 0
