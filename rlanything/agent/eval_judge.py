@@ -5,7 +5,7 @@ In training, the RM's outcome accuracy (rm/outcome_accuracy, logged by the advan
 measured on the iteration's own rollouts: the samples it is then trained on. Here the RM of the
 evaluated checkpoint (checkpoints/rm/iter_NNNN; for `@base` and a bare model the config's rm
 model) judges every step of every valid held-out episode m = rm.judgments_per_step times, exactly
-as the rm_score step does: `tasks.scoring.steps_to_judge` gives each step its context (the task,
+as the rm_score step does: `agent.judging.steps_to_judge` gives each step its context (the task,
 the earlier steps), `models.judge.judge_steps` prompts, samples (rm.verdict, rm.temperature,
 rm.top_p) and parses, and the seed derives from (run.seed, iteration, "eval_rm", split) as
 rm_score's does from (run.seed, iteration, "rm_score"), so an evaluation repeats exactly.
@@ -29,7 +29,13 @@ from pathlib import Path
 import pandas as pd
 
 from rlanything.agent.judging import judge_as_configured, steps_to_judge
-from rlanything.algo.rm_accuracy import outcome_prediction, process_accuracy, process_auroc, verdict_shares
+from rlanything.algo.rm_accuracy import (
+    outcome_prediction,
+    process_accuracy,
+    process_auroc,
+    progress_auroc,
+    verdict_shares,
+)
 from rlanything.envs.verification import label_episode
 from rlanything.models.engines.make import make_engine
 from rlanything.progress import progress
@@ -46,7 +52,7 @@ def judge_seed(run_seed: int, iteration: int | None, split: str) -> int:
 def judge_split(
     config, weights: Path, label: str, contexts: list[dict], split: str, iteration, out: Path, precision: str
 ) -> Path:
-    """The RM in `weights` (named `label`) judges `contexts` (`tasks.scoring.steps_to_judge` rows
+    """The RM in `weights` (named `label`) judges `contexts` (`agent.judging.steps_to_judge` rows
     of one split's valid episodes, traj_id = problem_idx) m times each, with the settings of
     `config.rm`, in `precision` -> `out` (EVAL_JUDGMENTS)."""
     m = config.rm.judgments_per_step
@@ -115,7 +121,9 @@ def held_out_labels(env_config, episodes: pd.DataFrame, split: str, out: Path) -
 def process_measures(judged: pd.DataFrame, labels: pd.DataFrame) -> dict[str, float]:
     """The RM's process accuracy and AUROC of one split's `judged` steps (EVAL_JUDGMENTS rows)
     against `labels` (EVAL_STEP_LABELS rows), on the steps before each episode's last and, apart,
-    on the last steps -> `PROCESS_MEASURES`; NaN where no judged step has a label."""
+    on the last steps; and on the steps before the last, the progress AUROC (`progress_auroc`:
+    progress steps against setbacks, no-ops apart) -> `PROCESS_MEASURES`; NaN where no judged
+    step has a label."""
     out = {}
     columns = (judged.problem_idx.to_numpy(), judged.step_idx.to_numpy())
     scores = (judged.step_score.to_numpy(), judged.parsed.to_numpy())
@@ -131,16 +139,50 @@ def process_measures(judged: pd.DataFrame, labels: pd.DataFrame) -> dict[str, fl
             f"{prefix}_good": ranking["good"],
             f"{prefix}_bad": ranking["bad"],
         }
+    early = labels[~labels["last"]]
+    rules = dict(zip(zip(early.problem_idx.tolist(), early.step_idx.tolist()), early.rule.tolist()))
+    progress = progress_auroc(*columns, *scores, rules)
+    out |= {f"rm_progress_{k}": progress[k] for k in ("auroc", "auroc_low", "auroc_high", "good", "bad")}
+    out |= {"rm_unchanged_steps": progress["neutral"], "rm_unchanged_mean": progress["neutral_mean"]}
     return out
 
 
-PROCESS_MEASURES = tuple(
-    f"{prefix}_{m}"
-    for prefix in ("rm_process", "rm_last")
-    for m in ("accuracy", "auroc", "auroc_low", "auroc_high", "good", "bad")
+PROCESS_MEASURES = (
+    *(
+        f"{prefix}_{m}"
+        for prefix in ("rm_process", "rm_last")
+        for m in ("accuracy", "auroc", "auroc_low", "auroc_high", "good", "bad")
+    ),
+    *(f"rm_progress_{m}" for m in ("auroc", "auroc_low", "auroc_high", "good", "bad")),
+    "rm_unchanged_steps",
+    "rm_unchanged_mean",
 )
-"""`process_measures`' keys: rm_process_* on the steps before an episode's last (the headline),
-rm_last_* on the last steps; good / bad: how many labelled judged steps had label +1 / −1."""
+"""`process_measures`' keys: rm_process_* on the steps before an episode's last (labels ±1, an
+admissible no-op counted good: the old figure), rm_last_* on the last steps; good / bad: how many
+labelled judged steps had label +1 / −1. rm_progress_* on the steps before the last: progress
+steps (good: `closer`) against setbacks (bad: `farther`, `invalid`, `lost`), the headline; the
+no-ops (`unchanged`) apart: how many were judged and their mean verdict."""
+
+
+def outcome_before_last(episodes: pd.DataFrame, judged: pd.DataFrame) -> dict[str, float]:
+    """`outcome_prediction` of one split's episodes from the mean verdict over their steps before
+    the last (the win message left out: a judge that only reads it scores 1/2 here) ->
+    rm_outcome_before_last_auroc with its interval, and how many episodes had such a step."""
+    last = dict(zip(episodes.problem_idx, episodes.num_steps - 1))
+    early = judged[judged.step_idx.to_numpy() < judged.problem_idx.map(last).to_numpy()]
+    prediction = outcome_prediction(
+        early.problem_idx.to_numpy(),
+        early.step_idx.to_numpy(),
+        early.step_score.to_numpy(),
+        early.parsed.to_numpy(),
+        dict(zip(episodes.problem_idx, episodes.outcome)),
+    )
+    return {
+        "rm_outcome_before_last_auroc": prediction["auroc"],
+        "rm_outcome_before_last_auroc_low": prediction["auroc_low"],
+        "rm_outcome_before_last_auroc_high": prediction["auroc_high"],
+        "rm_judged_before_last": prediction["trajectories"],
+    }
 
 
 def shares_of(judged: pd.DataFrame, episodes: pd.DataFrame, labels: pd.DataFrame | None) -> dict[str, list]:
@@ -160,13 +202,13 @@ def shares_of(judged: pd.DataFrame, episodes: pd.DataFrame, labels: pd.DataFrame
 def rm_measures(
     episodes: pd.DataFrame, judgments: pd.DataFrame, labels: pd.DataFrame | None = None
 ) -> dict[str, dict[str, float]]:
-    """split -> `reports.eval_report.RM_MEASURES`, from eval episodes (split, problem_idx, outcome) and their judgments
+    """split -> `reports.eval_report.RM_MEASURES`, from eval episodes (split, problem_idx, outcome, num_steps) and their judgments
     (EVAL_JUDGMENTS), and with the environment's step `labels` (EVAL_STEP_LABELS) also
     `PROCESS_MEASURES` and "rm_verdict_shares" (`shares_of`). Rates are NaN where nothing was judged, the AUROC also where a split's
     judged episodes share one outcome, its 95% interval (`algo.rm_accuracy.auroc_interval`) where
     fewer than 10 of them were solved or unsolved (rm_solved_judged, rm_unsolved_judged).
 
-    >>> episodes = pd.DataFrame({"split": ["ood"] * 2, "problem_idx": [0, 1], "outcome": [1, -1]})
+    >>> episodes = pd.DataFrame({"split": ["ood"] * 2, "problem_idx": [0, 1], "outcome": [1, -1], "num_steps": [1, 1]})
     >>> judgments = pd.DataFrame({"split": ["ood"] * 4, "problem_idx": [0, 0, 1, 1],
     ...     "step_idx": [0] * 4, "step_score": [1, 1, 0, -1], "parsed": [True, True, False, True]})
     >>> m = rm_measures(episodes, judgments)["ood"]
@@ -197,6 +239,7 @@ def rm_measures(
             "rm_unsolved_judged": prediction["negatives"],
             "rm_parse_rate": float(judged.parsed.mean()) if len(judged) else math.nan,
         }
+        out[split] |= outcome_before_last(eps, judged)
         mine = None if labels is None else labels[labels.split == split]
         if mine is not None:
             out[split] |= process_measures(judged, mine)

@@ -257,6 +257,59 @@ def process_auroc(
     }
 
 
+PROGRESS_RULES = ("closer",)
+"""Label rules of a step that moved the game towards its win (TextWorld: the quest tracker's
+remaining plan shrank)."""
+SETBACK_RULES = ("farther", "invalid", "lost")
+"""Label rules of a step that moved it away: a longer plan, no admissible command, the game lost."""
+NEUTRAL_RULES = ("unchanged",)
+"""An admissible no-op (look, examine): whether it is good is not clear-cut, so `progress_auroc`
+leaves it out of the ranking and reports it apart."""
+
+
+def progress_auroc(
+    traj_id: np.ndarray, step_idx: np.ndarray, step_score: np.ndarray, parsed: np.ndarray, rules: dict
+) -> dict[str, float]:
+    """How well the judge ranks progress steps above setbacks: `process_auroc` with the label read
+    from each step's rule (+1 `PROGRESS_RULES`, −1 `SETBACK_RULES`), the neutral steps
+    (`NEUTRAL_RULES`) left out of the ranking and reported apart.
+
+    Inputs as `process_accuracy`, but `rules`: (traj_id, step_idx) -> the label's rule (a rule in
+    none of the three lists is left out, and counted). -> {"auroc", "auroc_low", "auroc_high",
+    "good" (progress steps judged), "bad" (setbacks judged), "neutral" (neutral steps judged),
+    "neutral_mean" (their mean verdict, NaN when none), "other" (judged steps of another rule)}.
+    Why: the environment's ±1 labels count a no-op as good, so the old process AUROC could rise
+    with a judge that likes looking around; this one asks only about steps that changed the game.
+
+    Worked example: closer steps scoring +1 and 0, setbacks (farther, invalid) −1 and 0, an
+    unchanged step +1 (apart) and a step of an unknown rule (other): of the 4 (good, bad) pairs 3
+    are ranked right and one is a tie -> 3.5 / 4.
+
+    >>> r = progress_auroc(np.array(["a"] * 6), np.arange(6), np.array([1, 0, -1, 0, 1, 1]), np.array([True] * 6),
+    ...     {("a", 0): "closer", ("a", 1): "closer", ("a", 2): "farther", ("a", 3): "invalid",
+    ...      ("a", 4): "unchanged", ("a", 5): "teleported"})
+    >>> r["auroc"], r["good"], r["bad"], r["neutral"], r["neutral_mean"], r["other"]
+    (0.875, 2, 2, 1, 1.0, 1)
+    """
+    step_mean = _step_means(traj_id, step_idx, step_score, parsed)
+    judged = {key: rules[key] for key in step_mean if key in rules}
+    ranked = {key: rule in PROGRESS_RULES for key, rule in judged.items() if rule in PROGRESS_RULES + SETBACK_RULES}
+    scores = np.array([step_mean[key] for key in ranked], dtype=float)
+    good = np.array(list(ranked.values()), dtype=bool)
+    low, high = auroc_interval(scores, good)
+    neutral = [step_mean[key] for key, rule in judged.items() if rule in NEUTRAL_RULES]
+    return {
+        "auroc": auroc(scores, good),
+        "auroc_low": low,
+        "auroc_high": high,
+        "good": int(good.sum()),
+        "bad": int((~good).sum()),
+        "neutral": len(neutral),
+        "neutral_mean": float(np.mean(neutral)) if neutral else math.nan,
+        "other": len(judged) - len(ranked) - len(neutral),
+    }
+
+
 def verdict_shares(step_score: np.ndarray, parsed: np.ndarray, groups: np.ndarray) -> dict[str, tuple[float, int]]:
     """group -> (the share of its parsed judgments that say +1, how many parsed there are).
 

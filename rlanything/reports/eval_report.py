@@ -40,8 +40,14 @@ RM_MEASURES = (
     "rm_solved_judged",
     "rm_unsolved_judged",
     "rm_parse_rate",
+    "rm_outcome_before_last_auroc",
+    "rm_outcome_before_last_auroc_low",
+    "rm_outcome_before_last_auroc_high",
+    "rm_judged_before_last",
 )
-"""The RM's columns of a split's row (`agent.eval_judge.rm_measures`): `outcome_prediction`'s
+"""The RM's columns of a split's row (`agent.eval_judge.rm_measures`): the *before_last* ones are
+the outcome AUROC from the steps before each episode's last only (the win message left out:
+`agent.eval_judge.outcome_before_last`); the others `outcome_prediction`'s
 step_accuracy, trajectory_accuracy, auroc with its 95% stratified-bootstrap interval (auroc_low,
 auroc_high: NaN where fewer than `algo.rm_accuracy.MIN_CLASS` judged episodes were solved or
 unsolved), score_gap, trajectories (episodes judged) and of those the solved (positives) and
@@ -135,22 +141,32 @@ def process_markdown(summary: pd.DataFrame) -> list[str]:
         "",
         "## Reward model against the step labels",
         "",
-        "| split | steps before the last (good / bad) | process accuracy | process AUROC [95% CI] | "
+        "| split | progress / setbacks | progress AUROC [95% CI] | no-ops (mean verdict) | "
+        "steps before the last (good / bad) | process accuracy | process AUROC [95% CI] | "
         "last steps (good / bad) | last-step accuracy | last-step AUROC |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         counts = [f"{int(row[f'{p}_good'])} / {int(row[f'{p}_bad'])}" for p in ("rm_process", "rm_last")]
+        progress = "n/a"
+        if _known(row, "rm_progress_good") is not None:
+            progress = f"{int(row['rm_progress_good'])} / {int(row['rm_progress_bad'])}"
+        unchanged = _number(_known(row, "rm_unchanged_steps"), "{:.0f}")
+        unchanged += f" ({_number(_known(row, 'rm_unchanged_mean'), '{:+.2f}')})"
         lines.append(
-            f"| {row['split']} | {counts[0]} | {pct(_known(row, 'rm_process_accuracy'))} | {process_auroc_text(row)} | "
+            f"| {row['split']} | {progress} | {process_auroc_text(row, 'rm_progress')} | {unchanged} | "
+            f"{counts[0]} | {pct(_known(row, 'rm_process_accuracy'))} | {process_auroc_text(row)} | "
             f"{counts[1]} | {pct(_known(row, 'rm_last_accuracy'))} | {process_auroc_text(row, 'rm_last')} |"
         )
     lines += [
         "",
         "A step's verdict is the sign of its mean parsed verdict (a tie or nothing parsed counts as wrong "
-        "for the accuracy); the AUROC ranks good steps above bad ones by that mean. The headline counts "
-        "the steps before an episode's last: a won game's last step shows the win message, which a judge "
-        "reads off without judging the step.",
+        "for the accuracy); the AUROC ranks good steps above bad ones by that mean. All but the last-step "
+        "columns count the steps before an episode's last: a won game's last step shows the win message, "
+        "which a judge reads off without judging the step. The headline is the progress AUROC: steps that "
+        "moved the game towards its win (closer) against setbacks (farther, invalid, lost); admissible "
+        "no-ops (unchanged: look, examine) are left out of it and shown apart. The process AUROC beside "
+        "it is the older figure, which counts a no-op as a good step.",
         "",
         "What the RM answers (share of its parsed verdicts that say +1):",
         "",
@@ -225,6 +241,11 @@ EVAL_TABLE_RM = (  # the RM's rows, where it judged the episodes (eval.rm)
     ("RM score gap", lambda r: _number(_known(r, "rm_score_gap"), "{:+.2f}")),
     ("RM parse rate", lambda r: pct(_known(r, "rm_parse_rate"))),
     ("RM process acc.", lambda r: pct(_known(r, "rm_process_accuracy"))),
+    (
+        "RM outcome AUROC before last",
+        lambda r: auroc_text(r, counts=False, prefix="rm_outcome_before_last", classes=()),
+    ),
+    ("RM progress AUROC", lambda r: process_auroc_text(r, "rm_progress")),
     ("RM process AUROC", process_auroc_text),
     ("RM last-step AUROC", lambda r: process_auroc_text(r, "rm_last")),
 )

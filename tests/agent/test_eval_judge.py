@@ -47,6 +47,7 @@ def test_rm_measures_by_hand():
             "split": ["in_domain"] * 3 + ["ood"] * 2,
             "problem_idx": [0, 1, 2, 0, 1],
             "outcome": [1, -1, -1, -1, -1],
+            "num_steps": [2, 1, 1, 1, 1],
         }
     )
     judgments = pd.DataFrame(
@@ -73,6 +74,8 @@ def test_rm_measures_by_hand():
     assert ood["rm_step_accuracy"] == ood["rm_outcome_accuracy"] == 1.0 and math.isnan(ood["rm_outcome_auroc"])
     assert ood["rm_score_gap"] == 0.0 and ood["rm_judged"] == 2 and ood["rm_parse_rate"] == 1.0
     assert ood["rm_solved_judged"] == 0 and ood["rm_unsolved_judged"] == 2
+    # before the last step: only episode 0's first step (mean +1/3): one episode, no AUROC
+    assert ind["rm_judged_before_last"] == 1 and math.isnan(ind["rm_outcome_before_last_auroc"])
     assert ood["rm_verdict_shares"] == {"episode lost": [0.0, 2]}
 
 
@@ -83,7 +86,7 @@ def test_process_measures_by_hand_with_the_last_steps_apart():
     #   (1, 0) invalid   -1, mean -1     (right)   (1, 1) unchanged +1, mean -1, last (wrong)
     # Before the last: accuracy 2/3; AUROC of good {+1} over bad {0, -1}: both pairs right -> 1.
     # Last steps: accuracy 1/2; good {+1, -1}, no bad step -> AUROC n/a.
-    episodes = pd.DataFrame({"split": ["ood"] * 2, "problem_idx": [0, 1], "outcome": [1, -1]})
+    episodes = pd.DataFrame({"split": ["ood"] * 2, "problem_idx": [0, 1], "outcome": [1, -1], "num_steps": [3, 2]})
     judgments = pd.DataFrame(
         {
             "split": ["ood"] * 10,
@@ -115,13 +118,61 @@ def test_process_measures_by_hand_with_the_last_steps_apart():
     assert shares["episode won"] == [pytest.approx(5 / 6), 6] and shares["episode lost"] == [0.0, 4]
 
 
+def test_progress_auroc_ranks_progress_against_setbacks_with_no_ops_apart():
+    # Three episodes, m = 1, steps before the last only (the last steps are labelled too: left out).
+    #   ep 0 (won, 4 steps): (0,0) closer S=+1, (0,1) unchanged S=+1, (0,2) farther S=-1, (0,3) closer last
+    #   ep 1 (lost, 3 steps): (1,0) unchanged S=-1, (1,1) invalid S=+1, (1,2) lost last
+    #   ep 2 (lost, 2 steps): (2,0) closer S=-1, (2,1) invalid last
+    # Progress: good {(0,0) +1, (2,0) -1}, bad {(0,2) -1, (1,1) +1}: pairs (+1 > -1) right, (+1 = +1)
+    # tie, (-1 = -1) tie, (-1 < +1) wrong -> (1 + 0.5 + 0.5) / 4 = 0.5. No-ops apart: 2 steps, mean 0.
+    # The old process AUROC counts the no-ops as good: good {+1, +1, -1, -1}, bad {-1, +1}: of 8 pairs
+    # right 2 (+1 > -1 twice), ties 2 + 2 (+1 = +1 twice, -1 = -1 twice) -> (2 + 2) / 8 = 0.5 as well.
+    # Outcome before the last: mean verdicts ep 0 (+1 +1 -1)/3 = 1/3, ep 1 0, ep 2 -1 -> won above both
+    # lost: AUROC 1; with the last steps (ep 0's +1 win message) it would be 1 too, so the test also
+    # checks an episode whose only step is its last has no mean before the last (2 episodes judged).
+    episodes = pd.DataFrame(
+        {"split": ["ood"] * 4, "problem_idx": [0, 1, 2, 3], "outcome": [1, -1, -1, 1], "num_steps": [4, 3, 2, 1]}
+    )
+    steps = [(0, 0, 1), (0, 1, 1), (0, 2, -1), (0, 3, 1), (1, 0, -1), (1, 1, 1), (1, 2, -1), (2, 0, -1), (2, 1, -1)]
+    steps.append((3, 0, 1))  # ep 3 won in one step: nothing before its last
+    judgments = pd.DataFrame(
+        {
+            "split": ["ood"] * len(steps),
+            "problem_idx": [p for p, _, _ in steps],
+            "step_idx": [k for _, k, _ in steps],
+            "step_score": [s for _, _, s in steps],
+            "parsed": [True] * len(steps),
+        }
+    )
+    rules = ["closer", "unchanged", "farther", "closer", "unchanged", "invalid", "lost", "closer", "invalid", "closer"]
+    labels = pd.DataFrame(
+        {
+            "split": ["ood"] * len(steps),
+            "problem_idx": judgments.problem_idx,
+            "step_idx": judgments.step_idx,
+            "label": [1 if r in ("closer", "unchanged") else -1 for r in rules],
+            "rule": rules,
+            "last": [(p, k) in {(0, 3), (1, 2), (2, 1), (3, 0)} for p, k, _ in steps],
+        }
+    )
+    ood = rm_measures(episodes, judgments, labels)["ood"]
+    assert ood["rm_progress_auroc"] == 0.5 and (ood["rm_progress_good"], ood["rm_progress_bad"]) == (2, 2)
+    assert (ood["rm_unchanged_steps"], ood["rm_unchanged_mean"]) == (2, 0.0)
+    assert ood["rm_process_auroc"] == 0.5 and (ood["rm_process_good"], ood["rm_process_bad"]) == (4, 2)
+    assert ood["rm_outcome_before_last_auroc"] == 1.0 and ood["rm_judged_before_last"] == 3
+    assert math.isnan(ood["rm_progress_auroc_low"])  # 2 of each: too few for an interval
+    # a judge that says +1 to exactly the progress steps scores 1 on progress
+    judgments.loc[[0, 7], "step_score"], judgments.loc[[2, 5], "step_score"] = 1, -1
+    assert rm_measures(episodes, judgments, labels)["ood"]["rm_progress_auroc"] == 1.0
+
+
 def test_rm_measures_give_the_auroc_interval_from_ten_episodes_of_each_outcome():
     # 10 solved episodes scoring +1 (one step, S = +1) and 12 unsolved: 9 scoring -1, 3 scoring +1.
     # AUROC: pairs (solved, unsolved) 10 × 9 wins and 10 × 3 ties -> (90 + 15) / 120 = 0.875; the
     # interval is `auroc_interval` of the episodes' scores, below 1 (a resample can hold more +1 unsolved)
     outcome = [1] * 10 + [-1] * 12
     score = [1] * 10 + [-1] * 9 + [1] * 3
-    episodes = pd.DataFrame({"split": "in_domain", "problem_idx": range(22), "outcome": outcome})
+    episodes = pd.DataFrame({"split": "in_domain", "problem_idx": range(22), "outcome": outcome, "num_steps": 1})
     judgments = pd.DataFrame(
         {"split": "in_domain", "problem_idx": range(22), "step_idx": 0, "step_score": score, "parsed": True}
     )
@@ -136,9 +187,9 @@ def test_rm_measures_give_the_auroc_interval_from_ten_episodes_of_each_outcome()
 
 
 def test_a_split_with_nothing_judged_has_nan_rates():
-    episodes = pd.DataFrame({"split": ["ood"], "problem_idx": [0], "outcome": [-1]})
+    episodes = pd.DataFrame({"split": ["ood"], "problem_idx": [0], "outcome": [-1], "num_steps": [1]})
     measures = rm_measures(episodes, pd.DataFrame(columns=EVAL_JUDGMENTS.names))["ood"]
-    counts = ("rm_judged", "rm_solved_judged", "rm_unsolved_judged")
+    counts = ("rm_judged", "rm_solved_judged", "rm_unsolved_judged", "rm_judged_before_last")
     assert all(measures[k] == 0 for k in counts)
     assert all(math.isnan(measures[k]) for k in RM_MEASURES if k not in counts)
 

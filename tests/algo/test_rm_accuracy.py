@@ -16,6 +16,8 @@ from rlanything.algo.rm_accuracy import (
     outcome_prediction,
     prefix_credit,
     process_accuracy,
+    process_auroc,
+    progress_auroc,
     rule_order_auroc,
 )
 
@@ -290,3 +292,23 @@ def test_prefix_credit_goes_to_the_step_where_a_group_parts_ways_whatever_the_ro
     order = np.random.default_rng(0).permutation(len(group))
     shuffled = prefix_credit(group[order], traj[order], step[order], action[order], outcome[order])
     np.testing.assert_allclose(shuffled, expected[order])
+
+
+def test_progress_auroc_leaves_no_ops_out_and_counts_a_lost_game_as_a_setback():
+    # Steps (m = 2): closer (+1, +1) mean +1; lost (+1, -1) mean 0; unchanged (+1, +1) apart; invalid,
+    # nothing parsed: mean 0. Good {+1} against bad {0, 0}: both pairs right -> 1. Counting the
+    # no-op as good (process_auroc with ±1 labels) the same judge gets good {+1, +1} bad {0, 0}: 1 too;
+    # a no-op judged -1 lowers the old figure (good {+1, -1} -> 2 of 4 pairs right: 0.5) but not this one.
+    traj = np.array(["a"] * 8)
+    step = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+    parsed = np.array([True] * 6 + [False, False])
+    rules = {("a", 0): "closer", ("a", 1): "lost", ("a", 2): "unchanged", ("a", 3): "invalid"}
+    labels = {key: 1 if rule in ("closer", "unchanged") else -1 for key, rule in rules.items()}
+    likes_no_ops = np.array([1, 1, 1, -1, 1, 1, 0, 0])
+    dislikes_no_ops = np.array([1, 1, 1, -1, -1, -1, 0, 0])
+    for scores in (likes_no_ops, dislikes_no_ops):
+        r = progress_auroc(traj, step, scores, parsed, rules)
+        assert (r["auroc"], r["good"], r["bad"], r["neutral"], r["other"]) == (1.0, 1, 2, 1, 0)
+    assert progress_auroc(traj, step, dislikes_no_ops, parsed, rules)["neutral_mean"] == -1.0
+    assert process_auroc(traj, step, likes_no_ops, parsed, labels)["auroc"] == 1.0
+    assert process_auroc(traj, step, dislikes_no_ops, parsed, labels)["auroc"] == 0.5

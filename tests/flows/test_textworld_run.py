@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("textworld", reason="textworld is not installed (pip install textworld==1.7.0)")
 
-from rlanything.algo.rm_accuracy import process_auroc  # noqa: E402
+from rlanything.algo.rm_accuracy import auroc, process_auroc  # noqa: E402
 from rlanything.storage import schemas  # noqa: E402
 from rlanything.storage.layout import RunLayout  # noqa: E402
 from rlanything.storage.parquet import read_table  # noqa: E402
@@ -83,6 +83,12 @@ def test_multi_step_rows_and_per_step_judgments(run):
         cols = [judgments[c].to_numpy() for c in ("traj_id", "step_idx", "step_score", "parsed")]
         expected = process_auroc(*cols, truth)["auroc"]
         assert metrics.get("rm/process_auroc_before_last", np.nan) == pytest.approx(expected, nan_ok=True)
+        progress = {k: r for k, r in zip(zip(early.traj_id, early.step_idx), early.rule) if r != "unchanged"}
+        good = {k for k, r in progress.items() if r == "closer"}
+        means = judgments[judgments.parsed].groupby(["traj_id", "step_idx"]).step_score.mean()
+        pairs = [(means.get(k, 0.0), k in good) for k in progress]  # a step nothing parsed scores 0
+        ranked = auroc(np.array([m for m, _ in pairs]), np.array([g for _, g in pairs]))
+        assert metrics.get("rm/progress_auroc_before_last", np.nan) == pytest.approx(ranked, nan_ok=True)
         # what the RM answered, and the share of its samples left without advantage (m verdicts agreed)
         rm = adv[adv.kind == "rm"]
         agreed = judgments.groupby(["traj_id", "step_idx"]).step_score.transform("nunique") == 1
