@@ -1,11 +1,12 @@
 """TRL side of benchmarks/trl_grpo.py: GRPOTrainer steps on the workload it is handed.
 
-    <trl-venv>/bin/python benchmarks/_trl_worker.py job.json
+    cd REPO && <trl-venv>/bin/python -m benchmarks._trl_worker job.json
 
 Runs in TRL's own venv (never ours): torch, trl and reasoning-gym are installed there, and
-rlanything is not; the repository root is put on sys.path only to import the verifier our
-training uses (`ReasoningGymEnv` + `parse_answer`), so both sides score answers with the same
-code. job.json (written by trl_grpo.py) holds the model folder, the chat prompts and reasoning-gym
+rlanything is not. trl_grpo.py starts it as a module from the repository root, so `python -m`
+puts that root first on the module path and the verifier our training uses (`ReasoningGymEnv` +
+`parse_answer`) imports from this checkout: both sides score answers with the same code.
+job.json (written by trl_grpo.py) holds the model folder, the chat prompts and reasoning-gym
 specs in order, and the sizes. Prints one line `TRL_RESULT {json}` with per-step wall times,
 generation times and generated-token counts.
 """
@@ -17,12 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
-    sys.path.insert(0, str(REPO))  # only for the verifier: rlanything is not installed here
     import torch
     import transformers
     import trl

@@ -1,7 +1,7 @@
 """One decoding step of the default engine against the compute limit, in fp32 and bf16, with and
 without the shared prefix, beside CTranslate2 and OpenVINO GenAI.
 
-    python benchmarks/decode_step.py [--rows 64] [--steps 10] [--shapes 69:31,92:110]
+    python -m benchmarks.decode_step [--rows 64] [--steps 10] [--shapes 69:31,92:110]
         [--precision fp32,bf16] [--no-ct2] [--openvino default|f32,default|none] [--openvino-ir DIR]
         [--profile]
 
@@ -37,7 +37,7 @@ differences), the fraction of the compute limit of the step's precision (openvin
 precision it reports; ct2: fp32), held-once / in-rows, the bf16 speed-up (fp32 ms / bf16 ms,
 above 1 when bf16 is faster) for both layouts, and held-once / ct2 (fp32) or / openvino (its
 precision). Best against best: neighbours on a shared machine only ever slow a step or a matmul
-down, so each dtype's ceiling is timed before the first precision's steps and after each
+down, so each timed precision's ceiling is timed before the first precision's steps and after each
 precision's, and the best taken (one timed in a slow moment flatters every fraction). Printed
 once per precision: the time of the model's Linear layers alone at `rows` rows (nothing else in a
 step can beat it) and the time to read the weights once (a step reads them all: a floor set by
@@ -47,13 +47,20 @@ through both models, and the mean, 99th percentile and max over every predicted 
 |log p_fp32 - log p_bf16| (log_softmax of the logits cast to fp32, T = 1, as the engine records),
 the prefix's tokens (the same in every row) counted once. With --profile, per precision: where
 the last shape's held-once step goes (torch's profiler, self time per op, grouped into PARTS).
+
+Only the precisions of --precision are timed, their matmul ceilings included. On a CPU without
+bf16 units (neither amx_bf16 nor avx512_bf16 among its flags) bf16 is left out, with one line
+saying so (`bf16 not timed on this CPU: ...`): torch emulates it there on slow fallback kernels,
+so its figures would time the emulation (and a 2048² bf16 matmul takes minutes). The flags are
+/proc/cpuinfo's, or the environment variable RLANYTHING_CPU_FLAGS (space-separated) when it is
+set: `RLANYTHING_CPU_FLAGS="avx2 avx512f" python -m benchmarks.decode_step` prints what such a
+CPU prints (the test suite checks it so).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -61,14 +68,21 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, DynamicCache
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_line, fastest_ms, header, matmul_ceiling, params_of, profile_parts, timed  # noqa: E402
-from cpu_engines import CT2, OpenVino, default_precision, export_openvino, installed  # noqa: E402
-
-from rlanything.models.engines.decode import Decoder  # noqa: E402
-from rlanything.models.engines.generation import eos_ids_of  # noqa: E402
-from rlanything.models.engines.prefix_attention import SharedPrefix, shared_prefix_attention  # noqa: E402
-from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
+from benchmarks.common import (
+    cpu_line,
+    fastest_ms,
+    header,
+    matmul_ceiling,
+    params_of,
+    profile_parts,
+    timed,
+    timed_precisions,
+)
+from benchmarks.cpu_engines import CT2, OpenVino, default_precision, export_openvino, installed
+from rlanything.models.engines.decode import Decoder
+from rlanything.models.engines.generation import eos_ids_of
+from rlanything.models.engines.prefix_attention import SharedPrefix, shared_prefix_attention
+from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 OV_NAMES = {"f32": "fp32", "bf16": "bf16"}  # OpenVINO's precision names -> ours
@@ -264,14 +278,14 @@ def precision_run(model_dir: Path, name: str, args, shapes: list[tuple[int, int]
 
 
 def ceilings_now(ceilings: dict) -> None:
-    """Each dtype's matmul FLOP/s timed now, appended to its list."""
-    for name, dtype in DTYPES.items():
-        ceilings[name].append(matmul_ceiling(dtype))
+    """The matmul FLOP/s of each precision in `ceilings` (those timed) timed now, appended to its list."""
+    for name, times in ceilings.items():
+        times.append(matmul_ceiling(DTYPES[name]))
 
 
 def report(args, shapes, runs: dict, ceilings: dict, engines: dict) -> None:
     limit = {}
-    for name in DTYPES:
+    for name in ceilings:
         best, flops = max(ceilings[name]), next(iter(runs.values()))["flops"]
         limit[name] = 1000 * flops / best
         timed_at = ", ".join(f"{c / 1e9:.0f}" for c in ceilings[name])
@@ -333,15 +347,18 @@ def main() -> None:
     shapes = [tuple(map(int, shape.split(":"))) for shape in args.shapes.split(",")]
     args.precisions = args.precision.split(",")
     assert args.precisions and set(args.precisions) <= set(DTYPES), args.precision
-    header("one decoding step against the compute limit, fp32 and bf16")
+    header(f"one decoding step against the compute limit, {' and '.join(args.precisions)}")
     print(f"   {cpu_line()}", flush=True)
+    args.precisions = timed_precisions(args.precisions)
+    if not args.precisions:
+        return
     model_dir, engines = smollm2_model_dir(), {}
     with tempfile.TemporaryDirectory() as work:
         if not args.no_ct2 and installed("ctranslate2"):
             engines["ct2"] = ("fp32", ct2_step_ms(model_dir, Path(work) / "ct2", args.rows, shapes))
             time.sleep(1)  # the generator is gone; its OpenMP threads wind down before torch's run
         engines.update(openvino_runs(model_dir, Path(work), args, shapes))
-    ceilings, runs = {name: [] for name in DTYPES}, {}
+    ceilings, runs = {name: [] for name in args.precisions}, {}
     ceilings_now(ceilings)
     for name in args.precisions:
         runs[name] = precision_run(model_dir, name, args, shapes)

@@ -1,7 +1,7 @@
 """int8 generation, measured and not shipped: two int8 engines beside our fp32 and bf16 decoding
 step, each with its sampler–trainer mismatch.
 
-    python benchmarks/int8_generation.py [--rows 64] [--steps 10] [--shape 69:31] [--no-ct2]
+    python -m benchmarks.int8_generation [--rows 64] [--steps 10] [--shape 69:31] [--no-ct2]
 
 Printed first: the CPU and its matmul-relevant flags. Then, on one decoder state of the shipped
 run (SHARED:OWN columns per row, as in decode_step.py: 69:31 is mid-rollout), the fastest
@@ -19,6 +19,9 @@ The mismatch of each: the first `rows` rows teacher-forced (SHARED + OWN tokens 
 log p of every predicted token at T = 1 against our fp32 model's (what an fp32 trainer computes
 for the PPO ratio; the prefix's tokens, the same in every row, counted once): mean, 99th
 percentile and max of |Δ log p|, and the share of tokens whose ratio exp(Δ) leaves [1/2, 2].
+On a CPU without bf16 units (neither amx_bf16 nor avx512_bf16 in /proc/cpuinfo's flags, or in
+RLANYTHING_CPU_FLAGS when set) `ours bf16` is left out, with one line saying so: bf16 runs on
+slow emulation kernels there (benchmarks/common.py).
 ct2's log-probs come from its own `score_batch` (its float32 row checks that they line up with ours). Ratios are within this process; nothing here is
 a shipped path: int8 would ship only if the learning curve held under it (docs/benchmarks.md).
 """
@@ -27,21 +30,18 @@ from __future__ import annotations
 
 import argparse
 import gc
-import sys
 import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_line, header  # noqa: E402
-from cpu_engines import CT2, installed  # noqa: E402
-from decode_step import ct2_step_ms, random_rows, step_ms, teacher_forced_logprobs  # noqa: E402
-
-from rlanything.models.engines.generation import eos_ids_of  # noqa: E402
-from rlanything.models.engines.prefix_attention import shared_prefix_attention  # noqa: E402
-from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
+from benchmarks.common import cpu_line, header, timed_precisions
+from benchmarks.cpu_engines import CT2, installed
+from benchmarks.decode_step import ct2_step_ms, random_rows, step_ms, teacher_forced_logprobs
+from rlanything.models.engines.generation import eos_ids_of
+from rlanything.models.engines.prefix_attention import shared_prefix_attention
+from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir
 
 
 def torch_int8(model):
@@ -92,6 +92,7 @@ def main() -> None:
     shape = tuple(map(int, args.shape.split(":")))
     header("int8 generation beside fp32 and bf16: one decoding step and the mismatch")
     print(f"   {cpu_line()}", flush=True)
+    ours = [*timed_precisions(["fp32", "bf16"]), "torch int8"]  # bf16 only on a CPU with bf16 units
     model_dir, times, logprobs = smollm2_model_dir(), {}, {}
     model = load_model(model_dir, "float32")
     ids = teacher_ids(model.config.vocab_size, args.rows, shape, args.steps)
@@ -105,8 +106,8 @@ def main() -> None:
                     model_dir, Path(work) / f"{quantization}-s", ids, quantization
                 )
         gc.collect()
-    for name, dtype in (("fp32", "float32"), ("bf16", "bfloat16"), ("torch int8", "float32")):
-        model = load_model(model_dir, dtype)
+    for name in ours:
+        model = load_model(model_dir, "bfloat16" if name == "bf16" else "float32")
         if name == "torch int8":
             model = torch_int8(model)
         with shared_prefix_attention(model) as switched:

@@ -1,6 +1,6 @@
 """Orchestration overhead of training iterations, and peak memory of a SmolLM2 iteration.
 
-    python benchmarks/iteration.py [--model tiny|smollm2|shipped|arith|both] [--iterations 3]
+    python -m benchmarks.iteration [--model tiny|smollm2|shipped|arith|both] [--iterations 3]
         [--precision fp32,bf16] [--set KEY=VALUE ...]
 
 Runs `rlanything train` for `iterations` iterations in a subprocess (fresh run folder and
@@ -26,6 +26,9 @@ configs/smollm2-arith.yaml as shipped (the README's learning curve: the policy-o
 session (every model section's generation and update set to it: `precision`,
 `optim.precision`), and prints the bf16 run's times over the fp32 run's. The two runs sample
 different tokens (bf16 log-probs differ), so their iterations hold somewhat different work.
+On a CPU without bf16 units (neither amx_bf16 nor avx512_bf16 in /proc/cpuinfo's flags, or in
+RLANYTHING_CPU_FLAGS when set) bf16 is left out of --precision, with one line saying so: it runs
+on slow emulation kernels there (benchmarks/common.py).
 Printed first: the CPU's model and its bf16-relevant flags.
 """
 
@@ -40,6 +43,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.common import timed_precisions
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = {
@@ -145,7 +150,10 @@ def main() -> None:
         f"== {args.iterations} training iterations through `rlanything train` (subprocess); "
         "shared machine: read the RATIOS"
     )
-    precisions = [p for p in args.precision.split(",") if p] or [None]
+    asked = [p for p in args.precision.split(",") if p]
+    precisions = timed_precisions(asked) if asked else [None]  # None: the config's own
+    if not precisions:
+        return
     for name in names:
         periods = {}
         for precision in precisions:

@@ -1,6 +1,6 @@
 """Held-out accuracy of finished runs against training wall time: the learning figure of the docs.
 
-    python benchmarks/learning_curve.py runs/learn-s0 runs/learn-s1 [--minutes 30] [--out curve.png]
+    python -m benchmarks.learning_curve runs/learn-s0 runs/learn-s1 [--minutes 30] [--out curve.png]
         [--csv curve.csv] [--reference earlier.csv]
 
 Reads each run's held-out evaluations (`<run>/eval/*/summary.json`, written by `eval.every` or

@@ -5,7 +5,7 @@ page when the episode gets a browser another one used). Prints episodes per minu
 spent in Selenium calls on the page, and the rest — the pool's overhead (lease, timeout thread,
 page rebuilds, reading the DOM back into an observation).
 
-    python benchmarks/miniwob_expert.py [--tasks 6] [--group 2] [--shared 2]
+    python -m benchmarks.miniwob_expert [--tasks 6] [--group 2] [--shared 2]
 
 Needs Debian's chromium + chromium-driver (`make system-deps`). Ratios compare the two pool
 settings measured in the same process.
@@ -14,20 +14,32 @@ settings measured in the same process.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from pathlib import Path
 
+from rlanything.agent.play import play
+from rlanything.config import build_config
+from rlanything.envs import browser_pool, make_env
+from rlanything.envs.miniwob import FAMILIES, MiniWoBEnv
+from rlanything.models.loading import load_tokenizer, resolve_model_path
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "envs"))  # the expert lives with the tests that check it
 
-from test_miniwob import ALL_TASKS, ExpertEngine  # noqa: E402
 
-from rlanything.agent.play import play  # noqa: E402
-from rlanything.config import build_config  # noqa: E402
-from rlanything.envs import browser_pool, make_env  # noqa: E402
-from rlanything.envs.miniwob import FAMILIES, MiniWoBEnv  # noqa: E402
-from rlanything.models.loading import load_tokenizer, resolve_model_path  # noqa: E402
+def expert_tests():
+    """tests/envs/test_miniwob.py, where the expert lives with the tests that check it, loaded
+    from its file (tests/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("miniwob_expert_tests", REPO / "tests" / "envs" / "test_miniwob.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+EXPERT_TESTS = expert_tests()
+ALL_TASKS, ExpertEngine = EXPERT_TESTS.ALL_TASKS, EXPERT_TESTS.ExpertEngine
 
 
 class Clock:

@@ -1,6 +1,6 @@
 """Policy-update throughput (tokens/s) and MFU against the FLOP ceiling timed in this run.
 
-    python benchmarks/policy_update.py [--samples 8] [--prompt 160] [--response 48] [--micro 8] [--lora] [--bf16]
+    python -m benchmarks.policy_update [--samples 8] [--prompt 160] [--response 48] [--micro 8] [--lora] [--bf16]
 
 One PPO-clip pass (`trainer.ppo_update`, 2 optimizer steps) over `samples` SmolLM2-135M
 samples of `prompt` + `response` tokens, timed for each variant in one process:
@@ -17,27 +17,26 @@ FLOPs counted: 6 · params per token that crosses the model (prompt and response
 backward 4P), i.e. all passes of the update, not the recompute's extra forward (so the bf16
 row's MFU is of the useful work); LoRA's frozen weights still cost the forward and
 the input-gradient half of the backward, so it is counted the same. MFU = FLOP/s / the matmul
-ceiling (fp32, or bf16 for bf16) measured in the same process.
+ceiling (fp32, or bf16 for bf16) measured in the same process; the bf16 ceiling only with --bf16.
+On a CPU without bf16 units (neither amx_bf16 nor avx512_bf16 in /proc/cpuinfo's flags, or in
+RLANYTHING_CPU_FLAGS when set) --bf16 times nothing more, saying so in one line: bf16 runs on
+slow emulation kernels there (benchmarks/common.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import header, matmul_ceiling, params_of  # noqa: E402
-
-from rlanything.config import LoraConfig  # noqa: E402
-from rlanything.models.engines.transformers_engine import response_logprobs  # noqa: E402
-from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
-from rlanything.models.training.lora import add_adapters  # noqa: E402
-from rlanything.models.training.trainer import Sample, TorchBackend, make_optimizer, ppo_update  # noqa: E402
+from benchmarks.common import header, matmul_ceiling, params_of, timed_precisions
+from rlanything.config import LoraConfig
+from rlanything.models.engines.transformers_engine import response_logprobs
+from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir
+from rlanything.models.training.lora import add_adapters
+from rlanything.models.training.trainer import Sample, TorchBackend, make_optimizer, ppo_update
 
 
 def make_samples(model, n: int, prompt: int, response: int, pad_id: int) -> list[Sample]:
@@ -82,6 +81,7 @@ def main() -> None:
     header(
         f"policy update: SmolLM2-135M, {args.samples} samples × ({args.prompt} + {args.response}) tokens, micro-batch {args.micro}"
     )
+    args.bf16 = args.bf16 and "bf16" in timed_precisions(["bf16"])  # not on a CPU without bf16 units
     path = smollm2_model_dir()
     pad_id = load_tokenizer(path).pad_token_id
     params = params_of(load_model(path))

@@ -1,6 +1,6 @@
 """What sharding generation over Ray costs (`run.executor: ray`, models/engines/ray_engine.py).
 
-    python benchmarks/ray_sharding.py [-c configs/tiny.yaml] [--set KEY=VALUE ...] [--rounds 3]
+    python -m benchmarks.ray_sharding [-c configs/tiny.yaml] [--set KEY=VALUE ...] [--rounds 3]
 
 Workload: iteration 0's rollout and rm_score of the config, as the steps call them
 (`agent.play.play` on the sampled tasks, then `agent.judging.judge_as_configured` on every
@@ -27,31 +27,23 @@ import argparse
 import os
 import secrets
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import pandas as pd
+import torch
 
-# as the CLI sets it, before MKL's first call: matmuls that do not depend on the thread count
-os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
-import torch  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_line, header  # noqa: E402
-
-from rlanything.agent.judging import judge_as_configured  # noqa: E402
-from rlanything.agent.play import play_as_configured  # noqa: E402
-from rlanything.config import load_config  # noqa: E402
-from rlanything.envs import initial_specs  # noqa: E402
-from rlanything.models.engines import ray_engine  # noqa: E402
-from rlanything.models.engines.generation import PrefixCache  # noqa: E402
-from rlanything.models.engines.make import make_engine  # noqa: E402
-from rlanything.models.engines.shards import ShardedEngine  # noqa: E402
-from rlanything.models.loading import resolve_model_path  # noqa: E402
-from rlanything.seeding import derive_seed  # noqa: E402
-from rlanything.storage.buffer import initial_buffer, sample_batch  # noqa: E402
-from rlanything.tasks.scoring import steps_to_judge  # noqa: E402
+from benchmarks.common import cpu_line, header
+from rlanything.agent.judging import judge_as_configured, steps_to_judge
+from rlanything.agent.play import play_as_configured
+from rlanything.config import load_config
+from rlanything.envs import initial_specs
+from rlanything.models.engines import ray_engine
+from rlanything.models.engines.generation import PrefixCache
+from rlanything.models.engines.make import make_engine
+from rlanything.models.engines.shards import ShardedEngine
+from rlanything.models.loading import resolve_model_path
+from rlanything.seeding import derive_seed
+from rlanything.storage.buffer import initial_buffer, sample_batch
 
 
 def one_round(config, tasks, policy, rm) -> tuple[float, float, list, list]:
@@ -79,6 +71,9 @@ def round_trip_ms(engine, tokenizer, repeats: int = 5) -> float:
 
 
 def main() -> None:
+    # as the CLI sets it (rlanything/cli.py): MKL reads it at its first call, not when torch is
+    # imported, so here, before any matmul, is in time: matmuls that do not depend on the thread count
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-c", "--config", default="configs/tiny.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[])

@@ -1,7 +1,7 @@
 """An evaluation's games judged again by another reward model: the same episodes, the same steps,
 the same sampling seeds, only the RM's weights changed.
 
-    python benchmarks/rejudge.py RUN_DIR/eval/iter_0002 --rm builtin:smollm2-135m-instruct
+    python -m benchmarks.rejudge RUN_DIR/eval/iter_0002 --rm builtin:smollm2-135m-instruct
 
 A checkpoint's held-out RM measures (`rlanything eval RUN@N --set eval.rm=true`) are read on the
 games its own policy played, so two checkpoints' figures differ in the games as well as in the
@@ -20,14 +20,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from rlanything.agent.eval_judge import judge_split, rm_measures
+from rlanything.agent.eval_judge import eval_contexts, judge_split, rm_measures
 from rlanything.config import load_config
 from rlanything.models.loading import resolve_model_path
 from rlanything.models.precision import precision_of
 from rlanything.storage.layout import RunLayout
 from rlanything.storage.parquet import read_table
 from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS, EVAL_STEP_LABELS, EVAL_STEPS
-from rlanything.tasks.evaluate import eval_contexts
 
 SHOWN = ("rm_outcome_auroc", "rm_process_auroc", "rm_process_accuracy", "rm_last_auroc")
 

@@ -1,7 +1,7 @@
 """What the paper's RM reward asks the step judge for, read from a run's labelled steps.
 
-    python benchmarks/rm_reward_target.py RUN_DIR [--iterations 0-29]
-    python benchmarks/rm_reward_target.py RUN_DIR/eval/NAME   # an evaluation's greedy episodes
+    python -m benchmarks.rm_reward_target RUN_DIR [--iterations 0-29]
+    python -m benchmarks.rm_reward_target RUN_DIR/eval/NAME   # an evaluation's greedy episodes
 
 With λ = 0 a judgment earns O·S_j: every step is pushed towards its episode's outcome, so a
 class of steps the judge cannot tell apart is pushed towards +1 in proportion to 2·P(won) − 1

@@ -1,6 +1,6 @@
 """RM scoring (step 3 of docs/method.md) with and without the KV reuse of `engine.PrefixCache`.
 
-    python benchmarks/rm_scoring.py [--trajectories 8] [--steps 6] [--judgments 2]
+    python -m benchmarks.rm_scoring [--trajectories 8] [--steps 6] [--judgments 2]
                                     [--new-tokens 24] [--verdict constrained|free] [--bf16]
 
 Workload: `trajectories` text-game episodes of `steps` steps each (fixed, ALFWorld-like
@@ -13,9 +13,11 @@ Compared, in one process, on the same steps and seeds (interleaved, rotating ord
           prompt once), and the constrained verdict runs prompt + reasoning again
   reuse   the default: later steps reuse earlier steps' history, the verdict its reasoning
 Printed: seconds per round, the time ratio reuse/full, and the tokens each fed through the
-model (a forward hook: non-pad tokens of prefills and decode steps).
+model (a forward hook: non-pad tokens of prefills and decode steps). --bf16 on a CPU without bf16
+units (neither amx_bf16 nor avx512_bf16 in /proc/cpuinfo's flags, or in RLANYTHING_CPU_FLAGS when
+set) times nothing and says so in one line: bf16 runs on slow emulation kernels there.
 
-    python benchmarks/rm_scoring.py --replay RUN/iter_0000 [--config configs/smollm2-arith-full.yaml]
+    python -m benchmarks.rm_scoring --replay RUN/iter_0000 [--config configs/smollm2-arith-full.yaml]
                                     [--batch-sizes 64,128]
 
 judges a real iteration's steps instead (its rollouts, episodes and outcomes, as the rm_score step
@@ -31,19 +33,16 @@ per forward, mean prompt and response tokens.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TokensFed, header  # noqa: E402
-
-from rlanything.agent.judging import judge_as_configured  # noqa: E402
-from rlanything.models.engines.transformers_engine import TransformersEngine  # noqa: E402
-from rlanything.models.judge import judge_steps  # noqa: E402
-from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
+from benchmarks.common import TokensFed, header, timed_precisions
+from rlanything.agent.judging import judge_as_configured
+from rlanything.models.engines.transformers_engine import TransformersEngine
+from rlanything.models.judge import judge_steps
+from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir
 
 
 def episodes(trajectories: int, steps: int) -> list[dict]:
@@ -88,9 +87,9 @@ def replay(iteration_dir: str, config_path: str, batch_sizes: list[int]) -> None
     """Time judge_steps on a run's iteration (see the module docstring)."""
     import pandas as pd
 
+    from rlanything.agent.judging import steps_to_judge
     from rlanything.config import load_config
     from rlanything.models.engines.generation import PrefixCache
-    from rlanything.tasks.scoring import steps_to_judge
 
     config = load_config(config_path)
     rm = config.rm
@@ -141,6 +140,8 @@ def main() -> None:
         f"RM scoring: SmolLM2-135M {dtype}, {args.trajectories} episodes × {args.steps} steps × "
         f"m={args.judgments}, {args.new_tokens} reasoning tokens, {args.verdict} verdict"
     )
+    if args.bf16 and not timed_precisions(["bf16"]):
+        return  # a CPU without bf16 units: bf16 would time its emulation (the line printed says so)
     path = smollm2_model_dir()
     tokenizer, model = load_tokenizer(path), load_model(path, dtype)
     steps = episodes(args.trajectories, args.steps)

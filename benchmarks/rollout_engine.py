@@ -1,6 +1,6 @@
 """Rollout engine throughput on a multi-turn-like workload, against baselines timed in this run.
 
-    python benchmarks/rollout_engine.py [--episodes 16] [--group 4] [--turns 2] [--new-tokens 24] [--bf16]
+    python -m benchmarks.rollout_engine [--episodes 16] [--group 4] [--turns 2] [--new-tokens 24] [--bf16]
 
 Workload: `episodes` chats, `group` of them per task (an RL rollout plays each task G times),
 play `turns` turns; each turn's prompt is the chat so far (system + task + earlier replies + a
@@ -12,7 +12,8 @@ Compared, in one process, on the same prompts and seeds:
   logits     the previous engine: generate(output_logits=True) + log-softmax of the stacked logits
   engine     rlanything's TransformersEngine (log-probs recorded step by step, a prompt repeated
              in a batch prefilled once, each episode's KV kept from turn to turn: PrefixCache)
-  engine16   the same in bfloat16 (--bf16)
+  engine16   the same in bfloat16 (--bf16; left out, saying so, on a CPU without bf16 units:
+             neither amx_bf16 nor avx512_bf16 in /proc/cpuinfo's flags or RLANYTHING_CPU_FLAGS)
   vllm       VllmEngine on a vLLM server (when RLANYTHING_VLLM_PYTHON names a vLLM venv's python;
              server start not timed); vllm16 with --bf16 (the server in bfloat16)
 and the FLOP ceiling: 2·params FLOPs per token at the matmul FLOP/s measured here. Printed:
@@ -25,7 +26,7 @@ Also checks that `engine`'s recorded log-probs equal a teacher-forced pass over 
 the speed-up is not bought with different numbers). Its tokens differ from `plain`'s: it samples
 by its own seed rule (models/engines/decode.py: one noise stream per row), generate by torch's generator.
 
-    python benchmarks/rollout_engine.py --rollouts RUN/iter_0000/rollouts.parquet [--batch-sizes 32,64,128]
+    python -m benchmarks.rollout_engine --rollouts RUN/iter_0000/rollouts.parquet [--batch-sizes 32,64,128]
         [--new-tokens 64] [--temperature 0.7] [--openvino-ir DIR]
 
 replays a real iteration's rollout prompts instead (their `prompt_ids`, e.g. from a run of
@@ -47,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -55,15 +55,13 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TokensFed, header, matmul_ceiling, params_of  # noqa: E402
-from cpu_engines import cpu_engines  # noqa: E402
-
-from rlanything.algo.losses import token_logprobs  # noqa: E402
-from rlanything.models.engines.generation import PrefixCache, eos_ids, finish, left_pad  # noqa: E402
-from rlanything.models.engines.transformers_engine import TransformersEngine, response_logprobs  # noqa: E402
-from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir  # noqa: E402
-from rlanything.models.prompts import policy_messages, render  # noqa: E402
+from benchmarks.common import TokensFed, header, matmul_ceiling, params_of, timed_precisions
+from benchmarks.cpu_engines import cpu_engines
+from rlanything.algo.losses import token_logprobs
+from rlanything.models.engines.generation import PrefixCache, eos_ids, finish, left_pad
+from rlanything.models.engines.transformers_engine import TransformersEngine, response_logprobs
+from rlanything.models.loading import load_model, load_tokenizer, smollm2_model_dir
+from rlanything.models.prompts import policy_messages, render
 
 SYSTEM = "You play a text game. Think briefly, then answer with one command in \\boxed{}."
 OBSERVATION = "You are in a kitchen. You see a fridge, a counter with an apple, and a door to the east."
@@ -258,6 +256,7 @@ def main() -> None:
         f"rollout engine: SmolLM2-135M, {args.episodes} episodes (G={args.group}) × {args.turns} turns × "
         f"{args.new_tokens} new tokens"
     )
+    args.bf16 = args.bf16 and "bf16" in timed_precisions(["bf16"])  # not on a CPU without bf16 units
     path = smollm2_model_dir()
     tokenizer = load_tokenizer(path)
     model = load_model(path)

@@ -1,7 +1,7 @@
 """A text-game setting's starting point: the base policy's greedy win rate on held-out games, and
 what one rollout turn costs.
 
-    python benchmarks/textgame_base.py [-c configs/smollm2-textworld.yaml] [-n 64] [--split in_domain]
+    python -m benchmarks.textgame_base [-c configs/smollm2-textworld.yaml] [-n 64] [--split in_domain]
         [--set KEY=VALUE ...]
 
 Plays `n` held-out games of `split` once each, greedily, with the config's policy (by default

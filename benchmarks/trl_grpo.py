@@ -1,6 +1,6 @@
 """A whole outcome-only iteration, ours vs TRL's GRPOTrainer, on the same workload (issue 8).
 
-    python benchmarks/trl_grpo.py [--prompts 4] [--group 4] [--new-tokens 64] [--iterations 3]
+    python -m benchmarks.trl_grpo [--prompts 4] [--group 4] [--new-tokens 64] [--iterations 3]
                                   [--threads 1] [--bf16] [--train-all] [--flow] [--trl-venv DIR]
 
 Workload, the same on both sides: SmolLM2-135M-Instruct (our safetensors folder of
@@ -11,6 +11,8 @@ temperature 1.0 with up to `new-tokens` tokens, outcome-only reward (our verifie
 with configs/smollm2-arith-full.yaml's answer fallback, then reasoning-gym's `score_answer`: +1 or -1),
 group z-scored advantages, one PPO-clip optimizer step (AdamW, lr 1e-5, grad clip 1, ε 0.2) over
 the whole batch in one micro-batch, fp32 weights (bf16 weights with --bf16) on both sides.
+--bf16 on a CPU without bf16 units (neither amx_bf16 nor avx512_bf16 in /proc/cpuinfo's flags, or
+in RLANYTHING_CPU_FLAGS when set) times nothing and says so in one line: bf16 is emulated there.
 
   ours   our library in this process, as the training steps call it: `rollout.play` with the
          TransformersEngine (log-probs recorded while sampling), `verify_episode`, the
@@ -18,7 +20,7 @@ the whole batch in one micro-batch, fp32 weights (bf16 weights with --bf16) on b
          `ppo_update` with updates=1. The model and optimizer stay in memory, as TRL's do.
          Like a real iteration it trains only kept samples (tasks inside algo.policy_band,
          advantage ≠ 0); --train-all trains every sample, TRL's amount of backward work.
-  trl    GRPOTrainer (TRL in its own venv, benchmarks/_trl_worker.py in a subprocess):
+  trl    GRPOTrainer (TRL in its own venv, `-m benchmarks._trl_worker` in a subprocess):
          num_generations=group, one generation batch per optimizer step, num_iterations=1
          (no extra old-log-prob forward, as ours), beta=0, loss_type grpo, no gradient
          checkpointing and no bf16 autocast (TRL's defaults turn both on; off here to match ours),
@@ -55,19 +57,17 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import header  # noqa: E402
-
-from rlanything.agent.play import play  # noqa: E402
-from rlanything.config import load_config  # noqa: E402
-from rlanything.envs.reasoning import ReasoningGymEnv  # noqa: E402
-from rlanything.envs.verification import verify_episode  # noqa: E402
-from rlanything.models.engines.transformers_engine import TransformersEngine  # noqa: E402
-from rlanything.models.loading import load_model, load_tokenizer, resolve_model_path  # noqa: E402
-from rlanything.models.prompts import policy_messages  # noqa: E402
-from rlanything.models.training.trainer import make_optimizer, ppo_update  # noqa: E402
-from rlanything.tasks.scoring import compute_samples  # noqa: E402
-from rlanything.tasks.update import to_samples  # noqa: E402
+from benchmarks.common import header, timed_precisions
+from rlanything.agent.advantage_rows import compute_samples
+from rlanything.agent.play import play
+from rlanything.agent.update_data import to_samples
+from rlanything.config import load_config
+from rlanything.envs.reasoning import ReasoningGymEnv
+from rlanything.envs.verification import verify_episode
+from rlanything.models.engines.transformers_engine import TransformersEngine
+from rlanything.models.loading import load_model, load_tokenizer, resolve_model_path
+from rlanything.models.prompts import policy_messages
+from rlanything.models.training.trainer import make_optimizer, ppo_update
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "smollm2-arith-full.yaml"
@@ -224,8 +224,9 @@ def run_trl(args, python: Path, specs, prompts, fallback: str, tmp: Path) -> dic
         "TOKENIZERS_PARALLELISM": "false",
         "OMP_NUM_THREADS": str(torch.get_num_threads()),
     }
-    worker = Path(__file__).resolve().parent / "_trl_worker.py"
-    proc = subprocess.run([str(python), str(worker), str(tmp / "job.json")], env=env, capture_output=True, text=True)
+    # run as a module from the repository root: its verifier imports come from this checkout
+    command = [str(python), "-m", "benchmarks._trl_worker", str(tmp / "job.json")]
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("TRL_RESULT ")), None)
     if proc.returncode != 0 or line is None:
         raise SystemExit(f"TRL worker failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
@@ -334,6 +335,8 @@ def main() -> None:
         f"outcome-only GRPO iteration vs TRL GRPOTrainer: SmolLM2-135M, {args.prompts} prompts × G={args.group}, "
         f"{args.new_tokens} new tokens, T=1.0, {'bf16' if args.bf16 else 'fp32'}, {args.iterations} iterations (1 warm-up)"
     )
+    if args.bf16 and not timed_precisions(["bf16"]):
+        return  # a CPU without bf16 units: bf16 would time its emulation (the line printed says so)
     specs, prompts, fallback = workload(args.prompts * args.iterations, args.seed)
     python = None if args.skip_trl else ensure_trl_venv(trl_venv(args.trl_venv))
 

@@ -1,10 +1,10 @@
 """A run's update replayed in fp32 and in bf16: what the update step costs in each, and where
 its time goes.
 
-    python benchmarks/update_replay.py RUN_DIR [--iteration 0] [--kind policy|rm]
+    python -m benchmarks.update_replay RUN_DIR [--iteration 0] [--kind policy|rm]
         [--precision fp32,bf16] [--repeats 2] [--micro N] [--profile]
 
-Takes the samples the update of `kind` trained on in that iteration (`tasks.update.update_samples`:
+Takes the samples the update of `kind` trained on in that iteration (`agent.rm_roles.update_samples`:
 its kept rollout steps or judgments, as the step reads them) and the weights it started from,
 and runs the update again as the step runs it (`distributed.run_update`: load, the trainer's own
 old log-probs where the precision calls for them (`algo.old_logprobs`), the PPO passes, the
@@ -12,7 +12,10 @@ checkpoint written) into a scratch folder: once per precision and repeat, altern
 bf16, fp32, bf16, ...) so a neighbour's load falls on both. The run's own settings otherwise;
 `--micro` overrides the micro-batch size. Prints each run's seconds, the fastest per precision
 and the ratio. `--profile`: one more run per precision under torch's profiler, its self time
-grouped into PARTS (the profiler's own cost inflates the total a little).
+grouped into PARTS (the profiler's own cost inflates the total a little). On a CPU without bf16
+units (neither amx_bf16 nor avx512_bf16 in /proc/cpuinfo's flags, or in RLANYTHING_CPU_FLAGS when
+set) bf16 is left out of --precision, with one line saying so: it runs on slow emulation kernels
+there (benchmarks/common.py).
 
 The start weights must still be in the run folder: iteration 0 starts from the base model; a
 later iteration needs the previous checkpoint (`run.keep_checkpoints`).
@@ -29,14 +32,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_line, header, profile_parts  # noqa: E402
-
-from rlanything.config import load_config  # noqa: E402
-from rlanything.models.precision import recompute_old_logprobs, run_precision  # noqa: E402
-from rlanything.models.training.distributed import run_update  # noqa: E402
-from rlanything.storage.layout import RunLayout  # noqa: E402
-from rlanything.tasks.update import _job, steps_taken, update_samples  # noqa: E402
+from benchmarks.common import cpu_line, header, profile_parts, timed_precisions
+from rlanything.agent.rm_roles import update_samples
+from rlanything.agent.update_data import steps_taken, update_job
+from rlanything.config import load_config
+from rlanything.models.precision import recompute_old_logprobs, run_precision
+from rlanything.models.training.distributed import run_update
+from rlanything.storage.layout import RunLayout
 
 # where an update's time goes: aten ops by name (profiler self time); the rest is "other"
 PARTS = {
@@ -83,7 +85,7 @@ def main() -> None:
     samples = update_samples(config, layout, args.iteration, args.kind)
     if not samples:
         sys.exit(f"iteration {args.iteration} kept no {args.kind} sample: nothing trained")
-    job = _job(config, layout, args.iteration, args.kind, section, steps_taken(layout, args.kind, args.iteration))
+    job = update_job(config, layout, args.iteration, args.kind, section, steps_taken(layout, args.kind, args.iteration))
     if not Path(job.start).exists():
         sys.exit(f"the update's start weights {job.start} are gone (run.keep_checkpoints): replay iteration 0")
     if args.micro:
@@ -98,6 +100,7 @@ def main() -> None:
     )
     precisions = args.precision.split(",")
     assert set(precisions) <= {"fp32", "bf16"}, args.precision
+    precisions = timed_precisions(precisions)  # no bf16 on a CPU without bf16 units
 
     def once(precision: str) -> float:
         recompute = recompute_old_logprobs(config.algo.old_logprobs, sampler, precision)

@@ -2,7 +2,7 @@
 (its reasoning and the constrained verdict's first token) against the ones appended around
 them ("\\n\\boxed{", the "1" of "-1", "}").
 
-    python benchmarks/verdict_gradient.py RUN_DIR [--iteration 0] [--limit 48]
+    python -m benchmarks.verdict_gradient RUN_DIR [--iteration 0] [--limit 48]
 
 Takes the RM's first mini-batch of that iteration exactly as its update drew it (the kept
 judgments, the trainer's seeded shuffle; at most `limit` of them, for time) and the weights the
@@ -24,16 +24,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_line, header  # noqa: E402
-
-from rlanything.config import load_config  # noqa: E402
-from rlanything.models.loading import load_model, load_tokenizer  # noqa: E402
-from rlanything.models.training.trainer import Sample, epoch_mini_batches, ppo_update  # noqa: E402
-from rlanything.seeding import derive_seed  # noqa: E402
-from rlanything.storage.layout import RunLayout  # noqa: E402
-from rlanything.tasks.common import model_path  # noqa: E402
-from rlanything.tasks.update import judgment_samples  # noqa: E402
+from benchmarks.common import cpu_line, header
+from rlanything.agent.run_context import model_path
+from rlanything.agent.update_data import judgment_samples
+from rlanything.config import load_config
+from rlanything.models.loading import load_model, load_tokenizer
+from rlanything.models.training.trainer import Sample, epoch_mini_batches, ppo_update
+from rlanything.seeding import derive_seed
+from rlanything.storage.layout import RunLayout
 
 
 def first_mini_batch(run_dir: Path, iteration: int, limit: int):

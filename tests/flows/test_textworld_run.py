@@ -153,7 +153,7 @@ def test_eval_measures_the_rm_against_the_step_labels_with_the_last_steps_apart(
     import sys
 
     done = subprocess.run(
-        [sys.executable, "benchmarks/rm_reward_target.py", str(out)], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "benchmarks.rm_reward_target", str(out)], cwd=REPO, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(re.search(r"(\d+) labelled steps before the last", done.stdout).group(1)) == len(early)
@@ -164,14 +164,14 @@ def test_eval_measures_the_rm_against_the_step_labels_with_the_last_steps_apart(
     bare.mkdir()
     shutil.copy(out / "episodes.parquet", bare / "episodes.parquet")
     again = subprocess.run(
-        [sys.executable, "benchmarks/rm_reward_target.py", str(bare)], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "benchmarks.rm_reward_target", str(bare)], cwd=REPO, capture_output=True, text=True
     )
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.split("\n", 2)[2] == done.stdout.split("\n", 2)[2].replace(str(out), str(bare))
     # benchmarks/rejudge.py: the evaluation's own RM, given again, judges its steps as it did
     # (same contexts, same seeds), and prints the same measures for both
     own = f"{run['run_dir']}@{int(out.name.split('_')[1])}"
-    command = [sys.executable, "benchmarks/rejudge.py", str(out), "--rm", own]
+    command = [sys.executable, "-m", "benchmarks.rejudge", str(out), "--rm", own]
     rejudged = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert rejudged.returncode == 0, rejudged.stderr[-2000:]
     (path,) = out.glob("rejudged-*.judgments.parquet")
@@ -218,7 +218,7 @@ def test_the_reward_target_benchmark_reads_the_runs_labelled_steps(run):
         frames.append(merged[merged.step_idx < merged.num_steps - 1])
     before = pd.concat(frames)
     assert len(before) > 0
-    command = [sys.executable, "benchmarks/rm_reward_target.py", run["run_dir"]]
+    command = [sys.executable, "-m", "benchmarks.rm_reward_target", run["run_dir"]]
     out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     every = out.stdout.split("mixed tasks only")[0]

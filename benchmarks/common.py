@@ -1,18 +1,29 @@
-"""Shared by the benchmarks: the FLOP ceiling of this machine, timed in the same process, and
-what the CPU is (`cpu_line`).
+"""Shared by the benchmarks: the FLOP ceiling of this machine, timed in the same process, what
+the CPU is (`cpu_line`) and whether it can time bf16 at all (`timed_precisions`).
 
 Machines running the benchmarks are shared and noisy, so every benchmark times its baseline,
 its subject and the ceiling in one process, one after another, and prints RATIOS: compare
 ratios across runs, not absolute numbers.
+
+A benchmark times only the precisions it is asked for, and never bf16 on a CPU without bf16
+units (neither amx_bf16 nor avx512_bf16 among its flags): there torch emulates bf16 on slow
+fallback kernels (~0.3 GFLOP/s on an AVX2 EPYC, models/precision.py), so the figure would say
+nothing about bf16 and a large matmul can take minutes. The flags are the library's
+(`rlanything.models.precision.cpu_flags`): /proc/cpuinfo's, or RLANYTHING_CPU_FLAGS
+(space-separated) when it is set, e.g. `RLANYTHING_CPU_FLAGS="avx2 avx512f"` to see what a
+benchmark does on a CPU without bf16 units.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
 
 import torch
+
+from rlanything.models.precision import BF16_FLAGS, FLAGS_ENV, cpu_flags
 
 
 def timed(fn, repeats: int = 3) -> float:
@@ -52,14 +63,39 @@ def matmul_ceiling(dtype: torch.dtype = torch.float32, n: int = 2048, repeats: i
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
+def flags_source() -> str:
+    """Where `cpu_flags()` read the flags: RLANYTHING_CPU_FLAGS when it is set, else /proc/cpuinfo."""
+    return FLAGS_ENV if FLAGS_ENV in os.environ else "/proc/cpuinfo"
+
+
 def cpu_line() -> str:
     """The CPU's model name and which of CPU_FLAGS (the units fp32 and bf16 matmuls can use) it
-    reports, from /proc/cpuinfo."""
+    reports (`cpu_flags()`: /proc/cpuinfo, or RLANYTHING_CPU_FLAGS when set, then named)."""
     info = Path("/proc/cpuinfo")
     lines = info.read_text().splitlines() if info.exists() else []
     name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
-    flags = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
-    return f"cpu {name}: " + ", ".join(f"{flag} {'yes' if flag in flags else 'no'}" for flag in CPU_FLAGS)
+    flags = cpu_flags()
+    line = f"cpu {name}: " + ", ".join(f"{flag} {'yes' if flag in flags else 'no'}" for flag in CPU_FLAGS)
+    return line + (f" (flags from {FLAGS_ENV})" if FLAGS_ENV in os.environ else "")
+
+
+def bf16_units() -> list[str]:
+    """Which bf16 matrix units (BF16_FLAGS: amx_bf16, avx512_bf16) the CPU's flags name."""
+    flags = cpu_flags()
+    return [flag for flag in BF16_FLAGS if flag in flags]
+
+
+def timed_precisions(precisions: list[str]) -> list[str]:
+    """`precisions` (of fp32, bf16) as they will be timed: bf16 left out, with one line saying
+    so, on a CPU without bf16 units (there it is emulated: timing it measures the emulation)."""
+    if "bf16" not in precisions or bf16_units():
+        return list(precisions)
+    print(
+        f"   bf16 not timed on this CPU: no bf16 units (neither {' nor '.join(BF16_FLAGS)} "
+        f"in the flags of {flags_source()}); bf16 would run on slow emulation kernels",
+        flush=True,
+    )
+    return [p for p in precisions if p != "bf16"]
 
 
 def params_of(model) -> int:

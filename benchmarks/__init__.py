@@ -1,0 +1,1 @@
+"""Benchmarks of rlanything, each run from the repository root as `python -m benchmarks.NAME`."""
