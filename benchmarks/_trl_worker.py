@@ -39,7 +39,7 @@ def main() -> None:
         rewards = []
         for completion, spec_json in zip(completions, spec):
             text = completion[-1]["content"] if isinstance(completion, list) else completion
-            action, _ = parse_answer(text, job["answer_fallback"])
+            action, _ = parse_answer(text, fallback=job["answer_fallback"])
             env = ReasoningGymEnv()
             env.reset(json.loads(spec_json))
             env.step(action)

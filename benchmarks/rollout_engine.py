@@ -114,7 +114,7 @@ class OutputLogits(TransformersEngine):
             torch.manual_seed(seed + b)
             out = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=config)
             new = out.sequences[:, ids.shape[1] :]
-            logprobs = token_logprobs(torch.stack(out.logits, dim=1).float(), new, temperature)
+            logprobs = token_logprobs(torch.stack(out.logits, dim=1).float(), new, temperature=temperature)
             for row, i in enumerate(idx):
                 results[i] = finish(new[row].tolist(), logprobs[row].tolist(), self.eos_ids, self.tokenizer)
         return results

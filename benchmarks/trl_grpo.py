@@ -160,7 +160,16 @@ def run_ours(args, specs, fallback: str) -> list[dict]:
             {"traj_id": outcomes.traj_id, "step_idx": 0, "judge_idx": 0, "step_score": 0, "parsed": False}
         )
         trainable = outcomes[outcomes.valid & ~outcomes.pending]
-        adv = compute_samples(trainable, blank, m=1, lam=0.0, band=algo.band, policy_band=algo.policy_band)
+        adv = compute_samples(
+            trainable,
+            blank,
+            m=1,
+            lam=0.0,
+            band=algo.band,
+            policy_band=algo.policy_band,
+            outcome_weight=algo.outcome_weight,
+            rm_balance=algo.rm_balance,
+        )
         policy = adv[adv.kind == "policy"]
         kept = policy if args.train_all else policy[policy.kept]
         samples = to_samples(

@@ -56,7 +56,7 @@ def judge_pending(
     judged = []
     for row in buffer[buffer.status == "pending"].itertuples(index=False):
         acc = accuracy.get(row.task_id)  # None: every rollout of it failed in the environment
-        ok, reason = judge_rewrite(row.direction, float(row.parent_accuracy), acc, low, high)
+        ok, reason = judge_rewrite(row.direction, float(row.parent_accuracy), acc, low=low, high=high)
         buffer = settle_pending(buffer, row.task_id, ok, reason, acc, iteration)
         judged.append(
             {
@@ -107,7 +107,7 @@ def adapt(
     requests = []
     for task in regular.itertuples(index=False):
         acc = accuracy.get(task.task_id)
-        direction = adaptation_direction(acc, low, high) if acc is not None else None
+        direction = adaptation_direction(acc, low=low, high=high) if acc is not None else None
         row = {
             **_ids(before, task.task_id),
             "role": "regular",

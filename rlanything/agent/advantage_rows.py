@@ -10,7 +10,13 @@ import numpy as np
 import pandas as pd
 
 from rlanything import metric_names as names
-from rlanything.algo.rm_accuracy import outcome_prediction, process_accuracy, process_auroc, verdict_shares
+from rlanything.algo.rm_accuracy import (
+    outcome_prediction,
+    process_accuracy,
+    process_auroc,
+    progress_auroc,
+    verdict_shares,
+)
 from rlanything.algo.samples import select_samples
 from rlanything.storage.schemas import ADVANTAGES
 
@@ -23,9 +29,9 @@ def compute_samples(
     lam: float,
     band: tuple,
     policy_band: tuple,
-    outcome_weight: float = 1.0,
+    outcome_weight: float,
+    rm_balance: bool,
     steps: pd.DataFrame | None = None,
-    rm_balance: bool = False,
 ) -> pd.DataFrame:
     """advantages.parquet rows from the trainable trajectories' outcomes and their judgments:
     the frame glue around `algo.samples.select_samples` (policy rows first, then RM rows). With
@@ -74,10 +80,13 @@ def rm_process_metrics(judgments: pd.DataFrame, labels: pd.DataFrame, outcomes: 
         return {}
     last = dict(zip(outcomes.traj_id, outcomes.num_steps - 1))
     early = {key: label for key, label in zip(keys, labels.label.tolist()) if last.get(key[0]) != key[1]}
+    rules = {key: rule for key, rule in zip(keys, labels.rule.tolist()) if key in early}
     return {
         names.RM_PROCESS_ACCURACY: result["process_accuracy"],
         "rm/process_labels": result["labelled_steps"],
         "rm/process_auroc_before_last": process_auroc(*columns, early)["auroc"],
+        # the headline: progress steps against setbacks, no-ops left out (algo.rm_accuracy.progress_auroc)
+        "rm/progress_auroc_before_last": progress_auroc(*columns, rules)["auroc"],
     }
 
 

@@ -227,7 +227,7 @@ def _act(
     The episode ends "done" when the environment says so (or failed: env_error), else
     "max_steps" on the last step; a finished episode of an environment that cannot be replayed
     gets its outcome asked now (`live_outcome`), after the step's screenshot."""
-    action, status = parse_answer(response, answer_fallback)
+    action, status = parse_answer(response, fallback=answer_fallback)
     result = _env_call(ep, ep.env.step, action)
     observation = result.observation if result is not None else ""
     done = result.done if result is not None else True

@@ -143,7 +143,7 @@ def unit_test_advantage_rows(
     lam: float,
     band: tuple,
     policy_band: tuple,
-    outcome_weight: float = 1.0,
+    outcome_weight: float,
 ) -> pd.DataFrame:
     """`solutions(...)`, unit_tests and pass_matrix rows -> advantages.parquet rows for rm.role
     unit_tests (policy rows first, then RM rows): the frame glue around

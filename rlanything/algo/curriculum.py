@@ -7,6 +7,9 @@ Paper (docs/method.md):
     * the rewrite q' is accepted only if acc(q') > 0 and
       harder: alpha_low <= acc(q') < acc(q);   easier: acc(q) < acc(q') <= alpha_high.
 
+The band's ends are keyword-only arguments without a default (``low``, ``high``): callers pass
+the config's ``algo.band`` (the paper's [0.2, 0.8] unless set).
+
 Where we depart from the paper / authors' code, and why:
 
 * Accuracy is the fraction of trajectories with outcome == +1 (anything else,
@@ -91,10 +94,11 @@ def tasks_in_bands(outcome: np.ndarray, task_ids: np.ndarray, *bands: tuple[floa
     return {task for task, acc in accuracy.items() if any(in_band(acc, low, high) for low, high in bands)}
 
 
-def adaptation_direction(accuracy: float, low: float = 0.2, high: float = 0.8) -> str | None:
+def adaptation_direction(accuracy: float, *, low: float, high: float) -> str | None:
     """Which way to rewrite a task: "harder" if acc >= high, "easier" if acc <= low, else None.
 
-    >>> adaptation_direction(0.9), adaptation_direction(0.2), adaptation_direction(0.5)
+    >>> band = dict(low=0.2, high=0.8)
+    >>> adaptation_direction(0.9, **band), adaptation_direction(0.2, **band), adaptation_direction(0.5, **band)
     ('harder', 'easier', None)
     """
     if low >= high:
@@ -106,18 +110,16 @@ def adaptation_direction(accuracy: float, low: float = 0.2, high: float = 0.8) -
     return None
 
 
-def accept_rewrite(
-    direction: str, acc_old: float, acc_new: float, low: float = 0.2, high: float = 0.8
-) -> tuple[bool, str]:
+def accept_rewrite(direction: str, acc_old: float, acc_new: float, *, low: float, high: float) -> tuple[bool, str]:
     """Decide whether a pending rewrite replaces its parent task.
 
     Returns (accepted, reason), reason one of "accepted", "zero_accuracy",
     "not_harder", "below_band" (harder), "not_easier", "above_band" (easier).
     Raises ValueError for a direction other than "harder" / "easier".
 
-    >>> accept_rewrite("harder", acc_old=1.0, acc_new=0.5)
+    >>> accept_rewrite("harder", acc_old=1.0, acc_new=0.5, low=0.2, high=0.8)
     (True, 'accepted')
-    >>> accept_rewrite("easier", acc_old=0.1, acc_new=0.9)
+    >>> accept_rewrite("easier", acc_old=0.1, acc_new=0.9, low=0.2, high=0.8)
     (False, 'above_band')
     """
     if direction not in ("harder", "easier"):
@@ -138,15 +140,15 @@ def accept_rewrite(
 
 
 def judge_rewrite(
-    direction: str, parent_accuracy: float, accuracy: float | None, low: float = 0.2, high: float = 0.8
+    direction: str, parent_accuracy: float, accuracy: float | None, *, low: float, high: float
 ) -> tuple[bool, str]:
     """The acceptance rule for a pending rewrite after its rollouts: ``accept_rewrite``, and a
     rewrite nobody measured (accuracy None: every rollout of it failed in the environment) is
     rejected as "not_measured".
 
-    >>> judge_rewrite("harder", 0.9, None), judge_rewrite("harder", 0.9, 0.5)
+    >>> judge_rewrite("harder", 0.9, None, low=0.2, high=0.8), judge_rewrite("harder", 0.9, 0.5, low=0.2, high=0.8)
     ((False, 'not_measured'), (True, 'accepted'))
     """
     if accuracy is None:
         return False, "not_measured"
-    return accept_rewrite(direction, float(parent_accuracy), accuracy, low, high)
+    return accept_rewrite(direction, float(parent_accuracy), accuracy, low=low, high=high)

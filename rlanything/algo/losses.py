@@ -6,6 +6,10 @@ Paper (docs/method.md), for the policy and the RM alike:
     kl_t    = exp(ref_t - logprobs_t) - (ref_t - logprobs_t) - 1          (k3), beta = 0.01
     loss    = mean over sequences of (mean over response tokens of pg_t + beta * kl_t)
 
+eps, beta, the anchor's weight and the temperature are keyword-only arguments without a default:
+callers pass the config's ``algo.clip_eps`` and ``algo.kl_beta`` (the paper's 0.2 and 0.01 unless
+set), ``optim.anchor_beta`` and the section's ``temperature``.
+
 Where we depart from the paper / authors' code, and why:
 
 * The KL reference is ``old_logprobs`` (the model that generated the samples), as the
@@ -39,13 +43,13 @@ import torch
 LOG_RATIO_CLAMP = 20.0  # |log pi_theta - log pi_old| fed to exp, as verl clamps it
 
 
-def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, *, temperature: float) -> torch.Tensor:
     """Log-probability of each label under softmax(logits / temperature).
 
     logits (B, T, V), labels (B, T) int64 -> (B, T) float32.
     Labels must be valid ids everywhere (mask padding later with response_mask).
 
-    >>> token_logprobs(torch.zeros(1, 2, 4), torch.tensor([[0, 3]]))
+    >>> token_logprobs(torch.zeros(1, 2, 4), torch.tensor([[0, 3]]), temperature=1.0)
     tensor([[-1.3863, -1.3863]])
     """
     logits = logits.float()
@@ -55,14 +59,14 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: floa
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def token_entropy(logits: torch.Tensor, *, temperature: float) -> torch.Tensor:
     """Entropy (nats) of softmax(logits / temperature) over the last axis, in float32.
 
     logits (..., V) -> (...). H = logsumexp(z) - sum softmax(z) * z, z = logits / temperature.
 
-    >>> token_entropy(torch.zeros(2, 4))  # uniform over 4: log 4
+    >>> token_entropy(torch.zeros(2, 4), temperature=1.0)  # uniform over 4: log 4
     tensor([1.3863, 1.3863])
-    >>> token_entropy(torch.tensor([[0.0, -1e4]]))  # all mass on one token
+    >>> token_entropy(torch.tensor([[0.0, -1e4]]), temperature=1.0)  # all mass on one token
     tensor([0.])
     """
     z = logits.float()
@@ -108,11 +112,12 @@ def ppo_clip_loss(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    clip_eps: float = 0.2,
-    kl_beta: float = 0.01,
+    *,
+    clip_eps: float,
+    kl_beta: float,
+    anchor_beta: float,
     is_weights: torch.Tensor | None = None,
     anchor_logprobs: torch.Tensor | None = None,
-    anchor_beta: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float | None]]:
     """PPO-clip loss with a k3 KL penalty, reduced by ``masked_sequence_mean``.
 
@@ -125,16 +130,16 @@ def ppo_clip_loss(
     "anchor_kl" (None without anchor_logprobs), "clip_frac", "ratio_mean" (means over all
     masked tokens).
 
-    >>> lp = torch.log(torch.tensor([[0.5, 0.5]]))
-    >>> loss, stats = ppo_clip_loss(lp, lp, torch.tensor([2.0]), torch.ones(1, 2))
+    >>> lp, paper = torch.log(torch.tensor([[0.5, 0.5]])), dict(clip_eps=0.2, kl_beta=0.01, anchor_beta=0.0)
+    >>> loss, stats = ppo_clip_loss(lp, lp, torch.tensor([2.0]), torch.ones(1, 2), **paper)
     >>> loss, stats["kl"], stats["ratio_mean"]
     (tensor(-2.), 0.0, 1.0)
 
     With an anchor one nat below on the first token (k3 = e^-1 - (-1) - 1 = 0.3679, sequence
     mean 0.1839) and anchor_beta 1: loss = -2 + 0.1839.
 
-    >>> loss, stats = ppo_clip_loss(lp, lp, torch.tensor([2.0]), torch.ones(1, 2),
-    ...                             anchor_logprobs=lp - torch.tensor([[1.0, 0.0]]), anchor_beta=1.0)
+    >>> loss, stats = ppo_clip_loss(lp, lp, torch.tensor([2.0]), torch.ones(1, 2), clip_eps=0.2, kl_beta=0.01,
+    ...                             anchor_beta=1.0, anchor_logprobs=lp - torch.tensor([[1.0, 0.0]]))
     >>> loss, round(stats["anchor_kl"], 4)
     (tensor(-1.8161), 0.1839)
     """

@@ -133,7 +133,7 @@ FALLBACKS = ("none", "last_number", "first_word", "code_block")
 """`parse_answer`'s fallbacks; every one but "none" is also the action_status of what it read."""
 
 
-def parse_answer(text: str, fallback: str = "none") -> tuple[str | None, str]:
+def parse_answer(text: str, *, fallback: str) -> tuple[str | None, str]:
     r"""`parse_boxed_answer`, and with ``fallback="last_number"`` a response without a box is
     read as its last number (status ``"last_number"``). Our departure for small models that
     compute but do not box (SmolLM2-135M gets the last number right about half the time and
@@ -144,17 +144,18 @@ def parse_answer(text: str, fallback: str = "none") -> tuple[str | None, str]:
     ```` ```python ````) block (status ``"code_block"``): SmolLM2-135M fences its code and
     boxes 0 of 32 coding answers (measured).
 
-    text: str, fallback: one of FALLBACKS -> (str | None, str)
+    text: str, fallback: one of FALLBACKS (the config's ``env.answer_fallback``; "none": boxes
+    only) -> (str | None, str)
 
-    >>> parse_answer("0 - 4 is -4.", "last_number")
+    >>> parse_answer("0 - 4 is -4.", fallback="last_number")
     ('-4', 'last_number')
-    >>> parse_answer(r"so \boxed{7}, not 8", "last_number")
+    >>> parse_answer(r"so \boxed{7}, not 8", fallback="last_number")
     ('7', 'ok')
-    >>> parse_answer("0 - 4 is -4.")
+    >>> parse_answer("0 - 4 is -4.", fallback="none")
     (None, 'no_box')
-    >>> parse_answer("  apple pie", "first_word")
+    >>> parse_answer("  apple pie", fallback="first_word")
     ('apple', 'first_word')
-    >>> parse_answer("Here:\n```python\nprint(1)\n```\nDone.", "code_block")
+    >>> parse_answer("Here:\n```python\nprint(1)\n```\nDone.", fallback="code_block")
     ('print(1)\n', 'code_block')
     """
     if fallback not in FALLBACKS:

@@ -30,7 +30,7 @@ import numpy as np
 
 from rlanything.algo.advantages import outcome_balanced, rm_advantages, step_index_advantages
 from rlanything.algo.curriculum import in_band, task_accuracy
-from rlanything.algo.rewards import integrated_reward, rm_consistency_reward
+from rlanything.algo.rewards import UNPARSEABLE_REWARD, integrated_reward, rm_consistency_reward
 
 
 def judgment_matrix(
@@ -83,9 +83,9 @@ def select_samples(
     lam: float,
     band: tuple[float, float],
     policy_band: tuple[float, float],
-    outcome_weight: float = 1.0,
+    outcome_weight: float,
+    rm_balance: bool,
     steps: dict[str, np.ndarray] | None = None,
-    rm_balance: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Policy and RM samples of one iteration, with reward, advantage and whether each trains.
 
@@ -103,7 +103,7 @@ def select_samples(
     ...     {"traj_id": np.array([0, 0, 1, 1]), "step_idx": np.zeros(4, int), "judge_idx": np.array([0, 1, 0, 1]),
     ...      "step_score": np.array([1, 1, 1, -1]), "parsed": np.ones(4, bool)},
     ...     {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1])},
-    ...     m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8))
+    ...     m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0, rm_balance=False)
     >>> pol["reward"].tolist(), pol["advantage"].round(4).tolist(), pol["kept"].tolist()
     ([2.0, -1.0], [0.7071, -0.7071], [True, True])
     >>> rm["reward"].tolist(), rm["kept"].tolist(), rm["drop_reason"].tolist()
@@ -114,7 +114,7 @@ def select_samples(
     ...     {"traj_id": np.array([0, 0, 1, 1]), "step_idx": np.zeros(4, int), "judge_idx": np.array([0, 1, 0, 1]),
     ...      "step_score": np.array([1, 1, 1, -1]), "parsed": np.ones(4, bool)},
     ...     {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1])},
-    ...     m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=0.0)
+    ...     m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=0.0, rm_balance=False)
     >>> pol["reward"].tolist(), rm["reward"].tolist()
     ([1.0, 0.0], [2.0, 2.0, -1.0, 1.0])
 
@@ -125,7 +125,7 @@ def select_samples(
     >>> none = {k: np.array([], int) for k in ("traj_id", "step_idx", "judge_idx", "step_score", "parsed")}
     >>> pol, rm = select_samples(
     ...     none, {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1])},
-    ...     m=0, lam=0.0, band=(0.2, 0.8), policy_band=(0.2, 0.8),
+    ...     m=0, lam=0.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0, rm_balance=False,
     ...     steps={"traj_id": np.array([1, 0]), "step_idx": np.array([0, 0])})
     >>> pol["traj_id"].tolist(), pol["reward"].tolist(), pol["advantage"].round(4).tolist(), len(rm["reward"])
     ([0, 1], [1.0, -1.0], [0.7071, -0.7071], 0)
@@ -135,13 +135,13 @@ def select_samples(
     parsed = np.asarray(judgments["parsed"], dtype=bool)[order]  # (N, m)
     outcome, task_ids, task_acc = _per_step_trajectory(trajectories, keys[:, 0])
     if m:
-        reward = integrated_reward(outcome, score, lam)  # (N,): the paper's R, the RM's reward uses it
-        policy_reward = reward if outcome_weight == 1.0 else integrated_reward(outcome_weight * outcome, score, lam)
+        reward = integrated_reward(outcome, score, lam=lam)  # (N,): the paper's R, the RM's reward uses it
+        policy_reward = reward if outcome_weight == 1.0 else integrated_reward(outcome_weight * outcome, score, lam=lam)
     else:  # no verdicts: R = O (lam is 0)
         reward, policy_reward = outcome, outcome_weight * outcome
     policy = _policy_samples(keys, task_ids, policy_reward, np.asarray(in_band(task_acc, *policy_band), dtype=bool))
-    in_rm_band = np.asarray(in_band(task_acc, *band), dtype=bool)
-    rm = _rm_samples(keys, task_ids, rm_consistency_reward(reward, score, parsed), in_rm_band)
+    rm_reward = rm_consistency_reward(reward, score, parsed, unparseable_reward=UNPARSEABLE_REWARD)
+    rm = _rm_samples(keys, task_ids, rm_reward, np.asarray(in_band(task_acc, *band), dtype=bool))
     if rm_balance and m:  # solved and unsolved episodes weigh the same in the RM's update
         rm["advantage"] = outcome_balanced(rm["advantage"], np.repeat(outcome, m), rm["kept"])
     return policy, rm

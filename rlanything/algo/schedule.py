@@ -8,7 +8,8 @@ usual cure (verl, TRL and nanochat all have one).
 
 `step` counts the optimizer steps a model has taken over the whole run (every epoch of every
 iteration), from 0, so the schedule continues across iterations and a resumed iteration
-recomputes the same rates.
+recomputes the same rates. The schedule's settings are keyword-only arguments without a default:
+callers pass the config's `optim.*` (warmup_steps, schedule, total_steps resolved, min_lr_ratio).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ Schedule = Literal["constant", "cosine"]
 def learning_rate(
     step: int,
     base_lr: float,
-    warmup_steps: int = 0,
-    schedule: Schedule = "constant",
-    total_steps: int = 0,
-    min_lr_ratio: float = 0.0,
+    *,
+    warmup_steps: int,
+    schedule: Schedule,
+    total_steps: int,
+    min_lr_ratio: float,
 ) -> float:
     """lr of optimizer step `step` (0-based, counted over the whole run).
 
@@ -34,9 +36,11 @@ def learning_rate(
     base_lr (step warmup_steps) down to base_lr * min_lr_ratio (step total_steps - 1) along half a
     cosine, and stays there.
 
-    >>> [learning_rate(s, 1.0, warmup_steps=4) for s in range(6)]
+    >>> constant = dict(schedule="constant", total_steps=6, min_lr_ratio=0.1)
+    >>> [learning_rate(s, 1.0, warmup_steps=4, **constant) for s in range(6)]
     [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    >>> [round(learning_rate(s, 1.0, 1, "cosine", total_steps=5, min_lr_ratio=0.1), 4) for s in range(7)]
+    >>> cosine = dict(warmup_steps=1, schedule="cosine", total_steps=5, min_lr_ratio=0.1)
+    >>> [round(learning_rate(s, 1.0, **cosine), 4) for s in range(7)]
     [1.0, 1.0, 0.775, 0.325, 0.1, 0.1, 0.1]
     """
     if step < 0:

@@ -27,8 +27,7 @@ import numpy as np
 
 from rlanything.algo.advantages import group_zscore, is_negligible, step_index_advantages
 from rlanything.algo.curriculum import in_band, task_accuracy
-
-UNPARSED_REWARD = -2.0  # an unparseable test earns what an unparseable judgment does
+from rlanything.algo.rewards import UNPARSEABLE_REWARD  # an unparseable test earns what a judgment would
 
 
 def unit_test_rewards(pass_matrix: np.ndarray, solution_correct: np.ndarray) -> np.ndarray:
@@ -77,7 +76,7 @@ def unit_test_scores(
 
     pass_matrix (K, S) bool (rows of unparsed tests are ignored), solution_correct (S,) bool,
     parsed (K,) bool -> dict of (K,) arrays: reward (float64; `unit_test_rewards` for parsed
-    tests, UNPARSED_REWARD for the others, as for an unparseable judgment), correct (bool; False
+    tests, UNPARSEABLE_REWARD for the others, as for an unparseable judgment), correct (bool; False
     when unparsed), incorrect_caught (int64: incorrect solutions the test fails; 0 unparsed).
 
     Worked example: two correct solutions, two wrong; test 0 tells them apart, test 1 fails a
@@ -92,7 +91,7 @@ def unit_test_scores(
     solution_correct = np.asarray(solution_correct, dtype=bool)
     if parsed.shape != (pass_matrix.shape[0],):
         raise ValueError(f"need parsed (K,) for pass_matrix {pass_matrix.shape}; got {parsed.shape}")
-    reward = np.full(len(parsed), UNPARSED_REWARD, dtype=np.float64)
+    reward = np.full(len(parsed), UNPARSEABLE_REWARD, dtype=np.float64)
     correct = np.zeros(len(parsed), dtype=bool)
     caught = np.zeros(len(parsed), dtype=np.int64)
     if parsed.any():
@@ -126,7 +125,7 @@ def unit_test_samples(
     lam: float,
     band: tuple[float, float],
     policy_band: tuple[float, float],
-    outcome_weight: float = 1.0,
+    outcome_weight: float,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Policy and RM samples of one coding iteration with rm.role unit_tests (step 4).
 
@@ -146,7 +145,7 @@ def unit_test_samples(
     ...     {"task_id": np.array(["a", "a"]), "test_idx": np.array([0, 1]), "reward": np.array([1.0, -2.0])},
     ...     {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1]),
     ...      "test_fraction": np.array([1.0, 0.5]), "generated_fraction": np.array([1.0, 0.0])},
-    ...     lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8))
+    ...     lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0)
     >>> pol["reward"].tolist(), pol["advantage"].round(4).tolist(), rm["advantage"].round(4).tolist()
     ([2.0, 0.5], [0.7071, -0.7071], [0.7071, -0.7071])
     """

@@ -18,7 +18,6 @@ from prefect.deployments import run_deployment
 from prefect.states import Completed, State
 
 from rlanything.pipeline import STEPS
-
 from rlanything.storage.layout import RunLayout
 from rlanything.tasks.adapt import adapt_tasks
 from rlanything.tasks.cancellation import stoppable

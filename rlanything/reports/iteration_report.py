@@ -29,8 +29,8 @@ from matplotlib.figure import Figure
 
 from rlanything import metric_names as names
 from rlanything.algo.curriculum import task_accuracy
-from rlanything.storage.artifacts import artifact_schema, read_artifact
 from rlanything.pipeline import STEPS
+from rlanything.storage.artifacts import artifact_schema, read_artifact
 from rlanything.storage.layout import RunLayout
 from rlanything.storage.parquet import atomic_write, write_text
 

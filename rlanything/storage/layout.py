@@ -9,7 +9,6 @@ from pathlib import Path
 
 from rlanything.pipeline import PIPELINE, STEPS
 
-
 RUNS = Path("runs")  # where the command line looks a run name up (relative to the working folder)
 
 

@@ -24,7 +24,16 @@ def frames():
 
 def test_policy_and_rm_samples_by_hand():
     outcomes, judgments = frames()
-    out = compute_samples(outcomes, judgments, m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.125, 0.875))
+    out = compute_samples(
+        outcomes,
+        judgments,
+        m=2,
+        lam=1.0,
+        band=(0.2, 0.8),
+        policy_band=(0.125, 0.875),
+        outcome_weight=1.0,
+        rm_balance=False,
+    )
     policy = out[out.kind == "policy"].set_index(["traj_id", "step_idx"])
     # R = O + mean S: (0,0) 1+1 = 2; (0,1) 1+0 = 1; (1,0) -1 + (-1+0)/2 = -1.5; (2,0) -1+1 = 0
     assert policy.reward.to_dict() == {(0, 0): 2.0, (0, 1): 1.0, (1, 0): -1.5, (2, 0): 0.0}
@@ -65,7 +74,9 @@ def test_policy_and_rm_samples_by_hand():
 
 def test_lambda_zero_is_the_outcome_only_baseline():
     outcomes, judgments = frames()
-    out = compute_samples(outcomes, judgments, m=2, lam=0.0, band=(0, 1), policy_band=(0, 1))
+    out = compute_samples(
+        outcomes, judgments, m=2, lam=0.0, band=(0, 1), policy_band=(0, 1), outcome_weight=1.0, rm_balance=False
+    )
     policy = out[out.kind == "policy"].set_index(["traj_id", "step_idx"])
     assert policy.reward.to_dict() == {(0, 0): 1.0, (0, 1): 1.0, (1, 0): -1.0, (2, 0): -1.0}
 
@@ -112,14 +123,17 @@ def test_judging_only_the_trainable_tasks_leaves_every_kept_sample_as_it_was():
     outcomes, judgments = frames()
     outcomes = outcomes.assign(valid=True, pending=False)
     bands = dict(band=(0.2, 0.8), policy_band=(0.125, 0.875))
+    weights = dict(outcome_weight=1.0, rm_balance=False)
     path = Path(__file__).resolve().parents[2] / "configs" / "smollm2-textworld.yaml"
     sets = [f"algo.band={list(bands['band'])}", f"algo.policy_band={list(bands['policy_band'])}"]
     config = lambda only: load_config(path, [*sets, f"rm.judge_trainable_only={only}"])  # noqa: E731
     assert judged_outcomes(outcomes, config(False)) is outcomes
     judged = judged_outcomes(outcomes, config(True))
     assert judged.traj_id.tolist() == [0, 1]  # task a (accuracy 0.5); task b (0.0) is in neither band
-    full = compute_samples(outcomes, judgments, m=2, lam=1.0, **bands)
-    part = compute_samples(outcomes, judgments[judgments.traj_id.isin(judged.traj_id)], m=2, lam=1.0, **bands)
+    full = compute_samples(outcomes, judgments, m=2, lam=1.0, **bands, **weights)
+    part = compute_samples(
+        outcomes, judgments[judgments.traj_id.isin(judged.traj_id)], m=2, lam=1.0, **bands, **weights
+    )
     key = ["kind", "traj_id", "step_idx", "judge_idx"]
     kept = lambda out: out[out.kept].drop(columns="drop_reason").sort_values(key).reset_index(drop=True)  # noqa: E731
     pd.testing.assert_frame_equal(kept(full), kept(part))  # kept rows have no drop reason

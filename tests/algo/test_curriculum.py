@@ -53,7 +53,7 @@ def test_in_band_policy_band_eighths():
     [(1.0, "harder"), (0.8, "harder"), (0.79, None), (0.5, None), (0.21, None), (0.2, "easier"), (0.0, "easier")],
 )
 def test_adaptation_direction_boundaries(acc, direction):
-    assert adaptation_direction(acc) == direction
+    assert adaptation_direction(acc, low=0.2, high=0.8) == direction
 
 
 def test_adaptation_direction_custom_band():
@@ -70,68 +70,68 @@ def test_adaptation_direction_bad_band():
 
 
 def test_harder_accepted_inside():
-    assert accept_rewrite("harder", acc_old=1.0, acc_new=0.5) == (True, "accepted")
+    assert accept_rewrite("harder", acc_old=1.0, acc_new=0.5, low=0.2, high=0.8) == (True, "accepted")
 
 
 def test_harder_accepted_at_low():
-    assert accept_rewrite("harder", acc_old=0.9, acc_new=0.2) == (True, "accepted")
+    assert accept_rewrite("harder", acc_old=0.9, acc_new=0.2, low=0.2, high=0.8) == (True, "accepted")
 
 
 def test_harder_below_band():
-    assert accept_rewrite("harder", acc_old=0.9, acc_new=0.1) == (False, "below_band")
+    assert accept_rewrite("harder", acc_old=0.9, acc_new=0.1, low=0.2, high=0.8) == (False, "below_band")
 
 
 def test_harder_zero_accuracy():
-    assert accept_rewrite("harder", acc_old=0.9, acc_new=0.0) == (False, "zero_accuracy")
+    assert accept_rewrite("harder", acc_old=0.9, acc_new=0.0, low=0.2, high=0.8) == (False, "zero_accuracy")
 
 
 def test_harder_zero_accuracy_even_when_low_is_zero():
-    assert accept_rewrite("harder", acc_old=0.9, acc_new=0.0, low=0.0) == (False, "zero_accuracy")
+    assert accept_rewrite("harder", acc_old=0.9, acc_new=0.0, low=0.0, high=0.8) == (False, "zero_accuracy")
 
 
 def test_harder_equal_accuracy_is_not_harder():
-    assert accept_rewrite("harder", acc_old=0.8, acc_new=0.8) == (False, "not_harder")
+    assert accept_rewrite("harder", acc_old=0.8, acc_new=0.8, low=0.2, high=0.8) == (False, "not_harder")
 
 
 def test_harder_easier_result_is_not_harder():
-    assert accept_rewrite("harder", acc_old=0.8, acc_new=1.0) == (False, "not_harder")
+    assert accept_rewrite("harder", acc_old=0.8, acc_new=1.0, low=0.2, high=0.8) == (False, "not_harder")
 
 
 def test_harder_at_high_is_accepted_if_lower_than_before():
-    assert accept_rewrite("harder", acc_old=1.0, acc_new=0.8) == (True, "accepted")
+    assert accept_rewrite("harder", acc_old=1.0, acc_new=0.8, low=0.2, high=0.8) == (True, "accepted")
 
 
 # ---------------------------------------------------------------- accept_rewrite: easier
 
 
 def test_easier_accepted_inside():
-    assert accept_rewrite("easier", acc_old=0.0, acc_new=0.5) == (True, "accepted")
+    assert accept_rewrite("easier", acc_old=0.0, acc_new=0.5, low=0.2, high=0.8) == (True, "accepted")
 
 
 def test_easier_accepted_at_high():
-    assert accept_rewrite("easier", acc_old=0.1, acc_new=0.8) == (True, "accepted")
+    assert accept_rewrite("easier", acc_old=0.1, acc_new=0.8, low=0.2, high=0.8) == (True, "accepted")
 
 
 def test_easier_above_band():
-    assert accept_rewrite("easier", acc_old=0.1, acc_new=0.9) == (False, "above_band")
+    assert accept_rewrite("easier", acc_old=0.1, acc_new=0.9, low=0.2, high=0.8) == (False, "above_band")
 
 
 def test_easier_zero_accuracy():
-    assert accept_rewrite("easier", acc_old=0.0, acc_new=0.0) == (False, "zero_accuracy")
+    assert accept_rewrite("easier", acc_old=0.0, acc_new=0.0, low=0.2, high=0.8) == (False, "zero_accuracy")
 
 
 def test_easier_equal_accuracy_is_not_easier():
-    assert accept_rewrite("easier", acc_old=0.2, acc_new=0.2) == (False, "not_easier")
+    assert accept_rewrite("easier", acc_old=0.2, acc_new=0.2, low=0.2, high=0.8) == (False, "not_easier")
 
 
 def test_easier_harder_result_is_not_easier():
-    assert accept_rewrite("easier", acc_old=0.2, acc_new=0.1) == (False, "not_easier")
+    assert accept_rewrite("easier", acc_old=0.2, acc_new=0.1, low=0.2, high=0.8) == (False, "not_easier")
 
 
 def test_easier_at_low_is_accepted_if_higher_than_before():
-    assert accept_rewrite("easier", acc_old=0.0, acc_new=0.2) == (True, "accepted")
+    assert accept_rewrite("easier", acc_old=0.0, acc_new=0.2, low=0.2, high=0.8) == (True, "accepted")
 
 
 def test_unknown_direction_raises():
     with pytest.raises(ValueError):
-        accept_rewrite("sideways", acc_old=0.5, acc_new=0.5)
+        accept_rewrite("sideways", acc_old=0.5, acc_new=0.5, low=0.2, high=0.8)

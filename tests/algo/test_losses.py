@@ -13,7 +13,7 @@ from rlanything.algo.losses import masked_sequence_mean, ppo_clip_loss, token_lo
 def test_token_logprobs_hand_example():
     # logits [0, ln 3] -> probs [1/4, 3/4]
     logits = torch.tensor([[[0.0, math.log(3.0)], [0.0, math.log(3.0)]]])  # (1, 2, 2)
-    out = token_logprobs(logits, torch.tensor([[1, 0]]))
+    out = token_logprobs(logits, torch.tensor([[1, 0]]), temperature=1.0)
     torch.testing.assert_close(out, torch.tensor([[math.log(0.75), math.log(0.25)]]))
 
 
@@ -34,7 +34,7 @@ def test_token_logprobs_matches_log_softmax_gather():
 
 def test_token_logprobs_bf16_computes_in_float32():
     logits = torch.randn(2, 3, 7).to(torch.bfloat16)
-    out = token_logprobs(logits, torch.zeros(2, 3, dtype=torch.long))
+    out = token_logprobs(logits, torch.zeros(2, 3, dtype=torch.long), temperature=1.0)
     assert out.dtype == torch.float32 and out.shape == (2, 3)
 
 
@@ -100,7 +100,7 @@ def _hand_inputs():
 
 def test_ppo_hand_example_values():
     logprobs, old = _hand_inputs()
-    loss, stats = ppo_clip_loss(logprobs, old, ADV, PPO_MASK)
+    loss, stats = ppo_clip_loss(logprobs, old, ADV, PPO_MASK, clip_eps=0.2, kl_beta=0.01, anchor_beta=0.0)
     kl = ((_k3(1.5) + _k3(0.5)) / 2 + _k3(1.1)) / 2
     assert stats["pg_loss"] == pytest.approx(0.675, abs=1e-6)
     assert stats["kl"] == pytest.approx(kl, abs=1e-6)
@@ -121,7 +121,9 @@ def test_anchor_kl_hand_example_adds_its_term_and_pulls_towards_the_anchor():
     logprobs, old = _hand_inputs()
     anchor = old.clone()
     anchor[0, 0] = math.log(0.15)
-    loss, stats = ppo_clip_loss(logprobs, old, ADV, PPO_MASK, anchor_logprobs=anchor, anchor_beta=0.5)
+    loss, stats = ppo_clip_loss(
+        logprobs, old, ADV, PPO_MASK, anchor_logprobs=anchor, anchor_beta=0.5, clip_eps=0.2, kl_beta=0.01
+    )
     anchor_kl = ((_k3(3.0) + _k3(0.5)) / 2 + _k3(1.1)) / 2
     assert anchor_kl == pytest.approx((0.4319456 + 0.3068528) / 4 + 0.0044011 / 2, abs=1e-6)  # 0.1869002
     assert stats["anchor_kl"] == pytest.approx(anchor_kl, abs=1e-6)
@@ -136,7 +138,7 @@ def test_anchor_kl_hand_example_adds_its_term_and_pulls_towards_the_anchor():
 
 def test_ppo_hand_example_gradients():
     logprobs, old = _hand_inputs()
-    loss, _ = ppo_clip_loss(logprobs, old, ADV, PPO_MASK, kl_beta=0.0)
+    loss, _ = ppo_clip_loss(logprobs, old, ADV, PPO_MASK, kl_beta=0.0, clip_eps=0.2, anchor_beta=0.0)
     loss.backward()
     # d/dlogp of -r * A / (tokens in seq) / (sequences): clipped token -> 0, masked token -> 0
     expected = torch.tensor([[0.0, -0.5 * 1.0 / 2 / 2], [-1.1 * -2.0 / 1 / 2, 0.0]])
@@ -147,7 +149,9 @@ def test_ppo_extreme_log_ratio_gives_a_finite_loss_and_gradient():
     # log pi - log pi_old = +1000 and -1000: unclamped, exp would give inf (and inf * 0 = NaN grads)
     logprobs = torch.tensor([[-0.5, -1001.0]], requires_grad=True)
     old = torch.tensor([[-1000.5, -1.0]])
-    loss, stats = ppo_clip_loss(logprobs, old, torch.tensor([-1.0]), torch.ones(1, 2), kl_beta=0.01)
+    loss, stats = ppo_clip_loss(
+        logprobs, old, torch.tensor([-1.0]), torch.ones(1, 2), kl_beta=0.01, clip_eps=0.2, anchor_beta=0.0
+    )
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logprobs.grad).all()
     # token 1: ratio e^20 (clamped), A = -1 -> pg = max(e^20, 1.2) = e^20; token 2: ratio e^-20, pg = 0.8;
@@ -159,7 +163,9 @@ def test_ppo_extreme_log_ratio_gives_a_finite_loss_and_gradient():
 
 def test_ppo_kl_of_identical_logprobs_is_zero():
     lp = torch.log(torch.tensor([[0.2, 0.7, 0.1]]))
-    _, stats = ppo_clip_loss(lp, lp.clone(), torch.tensor([1.0]), torch.ones(1, 3))
+    _, stats = ppo_clip_loss(
+        lp, lp.clone(), torch.tensor([1.0]), torch.ones(1, 3), clip_eps=0.2, kl_beta=0.01, anchor_beta=0.0
+    )
     assert stats["kl"] == 0.0
     assert stats["clip_frac"] == 0.0 and stats["ratio_mean"] == 1.0
 
@@ -172,20 +178,22 @@ def _logits_and_logprobs(seed=0, b=3, t=4, v=6):
     logits = torch.randn(b, t, v, generator=gen).requires_grad_()
     labels = torch.randint(0, v, (b, t), generator=gen)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
-    return logits, token_logprobs(logits, labels), mask
+    return logits, token_logprobs(logits, labels, temperature=1.0), mask
 
 
 def test_zero_advantage_gives_zero_gradient_without_kl():
     logits, logprobs, mask = _logits_and_logprobs()
     old = logprobs.detach() - 0.05  # off-policy, ratio != 1
-    loss, _ = ppo_clip_loss(logprobs, old, torch.zeros(3), mask, kl_beta=0.0)
+    loss, _ = ppo_clip_loss(logprobs, old, torch.zeros(3), mask, kl_beta=0.0, clip_eps=0.2, anchor_beta=0.0)
     loss.backward()
     assert torch.equal(logits.grad, torch.zeros_like(logits))
 
 
 def test_zero_advantage_identical_models_gives_zero_gradient_with_kl():
     logits, logprobs, mask = _logits_and_logprobs()
-    loss, stats = ppo_clip_loss(logprobs, logprobs.detach(), torch.zeros(3), mask, kl_beta=0.01)
+    loss, stats = ppo_clip_loss(
+        logprobs, logprobs.detach(), torch.zeros(3), mask, kl_beta=0.01, clip_eps=0.2, anchor_beta=0.0
+    )
     loss.backward()
     assert stats["kl"] == 0.0
     assert torch.count_nonzero(logits.grad) == 0
@@ -193,7 +201,9 @@ def test_zero_advantage_identical_models_gives_zero_gradient_with_kl():
 
 def test_nonzero_advantage_gives_gradient():
     logits, logprobs, mask = _logits_and_logprobs()
-    loss, _ = ppo_clip_loss(logprobs, logprobs.detach(), torch.tensor([1.0, -1.0, 0.5]), mask)
+    loss, _ = ppo_clip_loss(
+        logprobs, logprobs.detach(), torch.tensor([1.0, -1.0, 0.5]), mask, clip_eps=0.2, kl_beta=0.01, anchor_beta=0.0
+    )
     loss.backward()
     assert logits.grad.abs().sum() > 0
 
@@ -211,7 +221,9 @@ def test_nonzero_advantage_gives_gradient():
 def test_clip_range_gradient(ratio, advantage, pg_grad_is_zero):
     old = torch.log(torch.tensor([[0.4]]))
     logprobs = (old + math.log(ratio)).requires_grad_()
-    loss, stats = ppo_clip_loss(logprobs, old, torch.tensor([advantage]), torch.ones(1, 1), kl_beta=0.0)
+    loss, stats = ppo_clip_loss(
+        logprobs, old, torch.tensor([advantage]), torch.ones(1, 1), kl_beta=0.0, clip_eps=0.2, anchor_beta=0.0
+    )
     loss.backward()
     assert (logprobs.grad.item() == 0.0) is pg_grad_is_zero
     assert stats["clip_frac"] == (1.0 if pg_grad_is_zero else 0.0)
@@ -221,7 +233,9 @@ def test_masked_tokens_get_zero_gradient():
     logits, logprobs, mask = _logits_and_logprobs()
     old = logprobs.detach().clone()
     old[mask == 0] = -1e4  # garbage at padding: exp(logp - old) would overflow if not masked
-    loss, _ = ppo_clip_loss(logprobs, old, torch.tensor([1.0, -2.0, 0.5]), mask, kl_beta=0.1)
+    loss, _ = ppo_clip_loss(
+        logprobs, old, torch.tensor([1.0, -2.0, 0.5]), mask, kl_beta=0.1, clip_eps=0.2, anchor_beta=0.0
+    )
     loss.backward()
     assert torch.isfinite(loss)
     assert torch.all(logits.grad[mask == 0] == 0)
@@ -230,7 +244,9 @@ def test_masked_tokens_get_zero_gradient():
 
 def test_all_masked_batch_is_zero_loss_and_backward_works():
     logits, logprobs, _ = _logits_and_logprobs()
-    loss, stats = ppo_clip_loss(logprobs, logprobs.detach(), torch.ones(3), torch.zeros(3, 4))
+    loss, stats = ppo_clip_loss(
+        logprobs, logprobs.detach(), torch.ones(3), torch.zeros(3, 4), clip_eps=0.2, kl_beta=0.01, anchor_beta=0.0
+    )
     loss.backward()
     assert loss.item() == 0.0 and stats["clip_frac"] == 0.0
     assert torch.count_nonzero(logits.grad) == 0

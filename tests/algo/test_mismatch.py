@@ -30,8 +30,12 @@ def test_the_loss_weighs_each_tokens_clipped_term_and_leaves_the_kl_alone():
     old = torch.log(torch.tensor([[0.5, 0.25]]))
     lp = old + torch.log(torch.tensor([[1.1, 1.0]]))
     weights = torch.tensor([[0.5, 2.0]])
-    loss, stats = ppo_clip_loss(lp, old, torch.tensor([2.0]), torch.ones(1, 2), kl_beta=0.01, is_weights=weights)
-    _, plain = ppo_clip_loss(lp, old, torch.tensor([2.0]), torch.ones(1, 2), kl_beta=0.01)
+    loss, stats = ppo_clip_loss(
+        lp, old, torch.tensor([2.0]), torch.ones(1, 2), kl_beta=0.01, is_weights=weights, clip_eps=0.2, anchor_beta=0.0
+    )
+    _, plain = ppo_clip_loss(
+        lp, old, torch.tensor([2.0]), torch.ones(1, 2), kl_beta=0.01, clip_eps=0.2, anchor_beta=0.0
+    )
     # pg = mean(-2.2 * 0.5, -2 * 2.0) = mean(-1.1, -4) = -2.55
     assert stats["pg_loss"] == pytest.approx(-2.55) and plain["pg_loss"] == pytest.approx(-2.1)
     # k3 of the first token: e^(-ln 1.1) + ln 1.1 - 1 = 0.004392, the second 0: the same weighted or not
@@ -42,7 +46,16 @@ def test_the_loss_weighs_each_tokens_clipped_term_and_leaves_the_kl_alone():
 def test_the_gradient_of_a_weighted_token_scales_with_its_weight():
     lp = torch.log(torch.tensor([[0.5, 0.5]])).requires_grad_()
     weights = torch.tensor([[1.0, 3.0]])
-    loss, _ = ppo_clip_loss(lp, lp.detach(), torch.tensor([1.0]), torch.ones(1, 2), kl_beta=0.0, is_weights=weights)
+    loss, _ = ppo_clip_loss(
+        lp,
+        lp.detach(),
+        torch.tensor([1.0]),
+        torch.ones(1, 2),
+        kl_beta=0.0,
+        is_weights=weights,
+        clip_eps=0.2,
+        anchor_beta=0.0,
+    )
     loss.backward()
     # d/d lp_t of -mean_t(w_t * exp(lp_t - old_t) * A) at ratio 1 = -w_t * A / 2
     torch.testing.assert_close(lp.grad, torch.tensor([[-0.5, -1.5]]))
@@ -52,8 +65,10 @@ def test_no_weights_and_unit_weights_give_the_same_loss():
     gen = torch.Generator().manual_seed(3)
     lp, old = torch.randn(3, 4, generator=gen) - 2, torch.randn(3, 4, generator=gen) - 2
     adv, mask = torch.tensor([1.0, -0.5, 2.0]), torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 1, 1, 0]])
-    plain, _ = ppo_clip_loss(lp, old, adv, mask)
-    ones, _ = ppo_clip_loss(lp, old, adv, mask, is_weights=torch.ones(3, 4))
+    plain, _ = ppo_clip_loss(lp, old, adv, mask, clip_eps=0.2, kl_beta=0.01, anchor_beta=0.0)
+    ones, _ = ppo_clip_loss(
+        lp, old, adv, mask, is_weights=torch.ones(3, 4), clip_eps=0.2, kl_beta=0.01, anchor_beta=0.0
+    )
     torch.testing.assert_close(plain, ones)
 
 

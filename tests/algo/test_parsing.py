@@ -147,35 +147,35 @@ def test_answer_whitespace_box_is_empty():
 
 
 def test_fallback_reads_the_last_number_only_without_a_box():
-    assert parse_answer("3 + 4 = 7, so the answer is 7.", "last_number") == ("7", "last_number")
-    assert parse_answer("0 - 4 = -4", "last_number") == ("-4", "last_number")
-    assert parse_answer("about 2.5 apples", "last_number") == ("2.5", "last_number")
-    assert parse_answer(r"7 or \boxed{8} then 9", "last_number") == ("8", "ok")  # a box always wins
+    assert parse_answer("3 + 4 = 7, so the answer is 7.", fallback="last_number") == ("7", "last_number")
+    assert parse_answer("0 - 4 = -4", fallback="last_number") == ("-4", "last_number")
+    assert parse_answer("about 2.5 apples", fallback="last_number") == ("2.5", "last_number")
+    assert parse_answer(r"7 or \boxed{8} then 9", fallback="last_number") == ("8", "ok")  # a box always wins
 
 
 def test_fallback_keeps_empty_boxes_and_wordless_answers_failures():
-    assert parse_answer(r"7 \boxed{ }", "last_number") == (None, "empty_box")  # the policy boxed nothing
-    assert parse_answer("no idea", "last_number") == (None, "no_box")
-    assert parse_answer("3 + 4 = 7") == (None, "no_box")  # default: boxes only
+    assert parse_answer(r"7 \boxed{ }", fallback="last_number") == (None, "empty_box")  # the policy boxed nothing
+    assert parse_answer("no idea", fallback="last_number") == (None, "no_box")
+    assert parse_answer("3 + 4 = 7", fallback="none") == (None, "no_box")  # none: boxes only
 
 
 def test_first_word_fallback_reads_the_first_word_only_without_a_box():
-    assert parse_answer("  apple, then pear", "first_word") == ("apple,", "first_word")
-    assert parse_answer(r"pear \boxed{apple}", "first_word") == ("apple", "ok")  # a box always wins
-    assert parse_answer(r"pear \boxed{ }", "first_word") == (None, "empty_box")
-    assert parse_answer(" \n ", "first_word") == (None, "no_box")  # nothing but whitespace
+    assert parse_answer("  apple, then pear", fallback="first_word") == ("apple,", "first_word")
+    assert parse_answer(r"pear \boxed{apple}", fallback="first_word") == ("apple", "ok")  # a box always wins
+    assert parse_answer(r"pear \boxed{ }", fallback="first_word") == (None, "empty_box")
+    assert parse_answer(" \n ", fallback="first_word") == (None, "no_box")  # nothing but whitespace
 
 
 def test_unknown_fallback_is_an_error():
     with pytest.raises(ValueError, match="unknown answer fallback"):
-        parse_answer("7", "first_number")
+        parse_answer("7", fallback="first_number")
 
 
 def test_code_block_fallback_reads_the_last_closed_fenced_block_without_a_box():
     text = "First try:\n```python\nprint(1)\n```\nBetter:\n```\nprint(2)\n```\nDone."
-    assert parse_answer(text, "code_block") == ("print(2)\n", "code_block")
-    assert parse_answer("```py\nx = 1\nprint(x)\n```", "code_block") == ("x = 1\nprint(x)\n", "code_block")
-    assert parse_answer("```python\nprint(1)\n```\n\\boxed{print(3)}", "code_block") == ("print(3)", "ok")
-    assert parse_answer("```python\nprint(1)\n", "code_block") == (None, "no_box")  # never closed
-    assert parse_answer("```python\n\n```", "code_block") == (None, "no_box")  # empty
-    assert parse_answer("```python\nprint(1)\n```") == (None, "no_box")  # no fallback: no action
+    assert parse_answer(text, fallback="code_block") == ("print(2)\n", "code_block")
+    assert parse_answer("```py\nx = 1\nprint(x)\n```", fallback="code_block") == ("x = 1\nprint(x)\n", "code_block")
+    assert parse_answer("```python\nprint(1)\n```\n\\boxed{print(3)}", fallback="code_block") == ("print(3)", "ok")
+    assert parse_answer("```python\nprint(1)\n", fallback="code_block") == (None, "no_box")  # never closed
+    assert parse_answer("```python\n\n```", fallback="code_block") == (None, "no_box")  # empty
+    assert parse_answer("```python\nprint(1)\n```", fallback="none") == (None, "no_box")  # no fallback: no action

@@ -17,7 +17,7 @@ STEP_SCORE = np.array(
 
 def test_integrated_reward_lam_one():
     # 1 + 1/3, -1 - 1, 1 + 1/3
-    np.testing.assert_allclose(integrated_reward(OUTCOME, STEP_SCORE), [4 / 3, -2.0, 4 / 3])
+    np.testing.assert_allclose(integrated_reward(OUTCOME, STEP_SCORE, lam=1.0), [4 / 3, -2.0, 4 / 3])
 
 
 def test_integrated_reward_lam_half():
@@ -30,16 +30,16 @@ def test_integrated_reward_lam_zero_is_outcome_baseline():
 
 
 def test_integrated_reward_single_judgment():
-    np.testing.assert_array_equal(integrated_reward(np.array([1, -1]), np.array([[1], [1]])), [2.0, 0.0])
+    np.testing.assert_array_equal(integrated_reward(np.array([1, -1]), np.array([[1], [1]]), lam=1.0), [2.0, 0.0])
 
 
 def test_integrated_reward_shape_errors():
     with pytest.raises(ValueError):
-        integrated_reward(np.array([1, 1]), np.array([1, 1]))
+        integrated_reward(np.array([1, 1]), np.array([1, 1]), lam=1.0)
     with pytest.raises(ValueError):
-        integrated_reward(np.array([1, 1]), np.zeros((3, 2)))
+        integrated_reward(np.array([1, 1]), np.zeros((3, 2)), lam=1.0)
     with pytest.raises(ValueError):
-        integrated_reward(np.array([1, 1]), np.zeros((2, 0)))
+        integrated_reward(np.array([1, 1]), np.zeros((2, 0)), lam=1.0)
 
 
 def test_rm_consistency_reward_hand_example():
@@ -52,11 +52,11 @@ def test_rm_consistency_reward_hand_example():
             [4 / 3, -2.0, -2.0],  # unparseable -> -2
         ]
     )
-    np.testing.assert_allclose(rm_consistency_reward(integrated, STEP_SCORE, parsed), expected)
+    np.testing.assert_allclose(rm_consistency_reward(integrated, STEP_SCORE, parsed, unparseable_reward=-2.0), expected)
 
 
 def test_rm_consistency_unparseable_is_minus_two_even_when_R_is_zero():
-    out = rm_consistency_reward(np.array([0.0]), np.array([[0, 1]]), np.array([[False, True]]))
+    out = rm_consistency_reward(np.array([0.0]), np.array([[0, 1]]), np.array([[False, True]]), unparseable_reward=-2.0)
     np.testing.assert_array_equal(out, [[-2.0, 0.0]])
 
 
@@ -67,6 +67,8 @@ def test_rm_consistency_custom_unparseable_reward():
 
 def test_rm_consistency_shape_errors():
     with pytest.raises(ValueError):
-        rm_consistency_reward(np.array([1.0]), np.array([[1, 1]]), np.array([[True]]))
+        rm_consistency_reward(np.array([1.0]), np.array([[1, 1]]), np.array([[True]]), unparseable_reward=-2.0)
     with pytest.raises(ValueError):
-        rm_consistency_reward(np.array([1.0, 2.0]), np.array([[1, 1]]), np.array([[True, True]]))
+        rm_consistency_reward(
+            np.array([1.0, 2.0]), np.array([[1, 1]]), np.array([[True, True]]), unparseable_reward=-2.0
+        )

@@ -48,13 +48,29 @@ def test_judgment_matrix_refuses_anything_but_m_judgments_numbered_0_to_m_minus_
 def test_select_samples_refuses_a_step_with_too_few_judgments():
     bad = judgments([(0, 0, 0, 1), (0, 0, 1, 1), (1, 0, 0, -1)])  # m = 2, trajectory 1 has one
     with pytest.raises(ValueError, match="exactly m=2 judgments"):
-        select_samples(bad, trajectories([0, 1], ["a", "a"], [1, -1]), m=2, lam=1.0, band=(0, 1), policy_band=(0, 1))
+        select_samples(
+            bad,
+            trajectories([0, 1], ["a", "a"], [1, -1]),
+            m=2,
+            lam=1.0,
+            band=(0, 1),
+            policy_band=(0, 1),
+            outcome_weight=1.0,
+            rm_balance=False,
+        )
 
 
 def test_select_samples_refuses_judgments_of_unknown_trajectories():
     with pytest.raises(ValueError, match=r"trajectories \[5\]"):
         select_samples(
-            judgments([(5, 0, 0, 1)]), trajectories([0], ["a"], [1]), m=1, lam=1.0, band=(0, 1), policy_band=(0, 1)
+            judgments([(5, 0, 0, 1)]),
+            trajectories([0], ["a"], [1]),
+            m=1,
+            lam=1.0,
+            band=(0, 1),
+            policy_band=(0, 1),
+            outcome_weight=1.0,
+            rm_balance=False,
         )
 
 
@@ -79,7 +95,9 @@ def test_select_samples_by_hand():
     order = [7, 2, 9, 0, 4, 1, 8, 3, 6, 5]  # any row order
     jud = judgments([rows[i] for i in order])
     traj = trajectories([0, 1, 2, 3], ["a", "a", "b", "a"], [1, -1, -1, 1])
-    pol, rm = select_samples(jud, traj, m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8))
+    pol, rm = select_samples(
+        jud, traj, m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0, rm_balance=False
+    )
     # steps sorted (0,0) (0,1) (1,0) (2,0) (3,0); R = O + mean S: 2, 1, -1.5, 0, 1
     assert pol["traj_id"].tolist() == [0, 0, 1, 2, 3] and pol["step_idx"].tolist() == [0, 1, 0, 0, 0]
     assert pol["reward"].tolist() == [2.0, 1.0, -1.5, 0.0, 1.0]
@@ -116,8 +134,8 @@ def test_rm_balance_gives_solved_and_unsolved_episodes_equal_weight_by_hand():
     rows = [(0, 0, 0, 1), (0, 0, 1, 1), (0, 1, 0, 1), (0, 1, 1, -1), (1, 0, 0, -1), (1, 0, 1, 0)]
     rows += [(2, 0, 0, 1), (2, 0, 1, 1), (3, 0, 0, 1), (3, 0, 1, -1)]
     traj = trajectories([0, 1, 2, 3], ["a", "a", "b", "a"], [1, -1, -1, 1])
-    args = dict(m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8))
-    plain_pol, plain = select_samples(judgments(rows), traj, **args)
+    args = dict(m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0)
+    plain_pol, plain = select_samples(judgments(rows), traj, **args, rm_balance=False)
     pol, rm = select_samples(judgments(rows), traj, **args, rm_balance=True)
     z = 1 / (np.sqrt(2) + 1e-6)  # [1, -1] and [1.5, -2] both z-score to +-0.7071
     assert plain["advantage"][[2, 3, 4, 5, 8, 9]] == pytest.approx([z, -z, z, -z, z, -z], abs=1e-6)
@@ -132,9 +150,25 @@ def test_rm_balance_gives_solved_and_unsolved_episodes_equal_weight_by_hand():
 def test_rm_balance_leaves_a_batch_with_one_outcome_alone():
     rows = [(0, 0, 0, 1), (0, 0, 1, -1), (1, 0, 0, -1), (1, 0, 1, 1), (2, 0, 0, -1), (2, 0, 1, -1)]
     traj = trajectories([0, 1, 2], ["a", "a", "a"], [-1, -1, 1])  # accuracy 1/3: in band
-    _, plain = select_samples(judgments(rows), traj, m=2, lam=0.0, band=(0.2, 0.8), policy_band=(0.2, 0.8))
+    _, plain = select_samples(
+        judgments(rows),
+        traj,
+        m=2,
+        lam=0.0,
+        band=(0.2, 0.8),
+        policy_band=(0.2, 0.8),
+        outcome_weight=1.0,
+        rm_balance=False,
+    )
     _, rm = select_samples(
-        judgments(rows), traj, m=2, lam=0.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), rm_balance=True
+        judgments(rows),
+        traj,
+        m=2,
+        lam=0.0,
+        band=(0.2, 0.8),
+        policy_band=(0.2, 0.8),
+        outcome_weight=1.0,
+        rm_balance=True,
     )
     assert rm["kept"].tolist() == [True] * 4 + [False] * 2  # the won episode's two -1s: zero_std
     assert rm["advantage"].tolist() == plain["advantage"].tolist()
@@ -148,7 +182,9 @@ def test_a_policy_sample_at_its_group_mean_is_dropped_whatever_the_float_noise()
     scores = [[-1, 0, 0, 0], [-1, -1, -1, -1], [1, 1, 1, 0], [1, 1, 1, 1]]
     jud = judgments([(t, 0, j, sc) for t, row in enumerate(scores) for j, sc in enumerate(row)])
     traj = trajectories([0, 1, 2, 3], ["a"] * 4, [-1, -1, -1, 1])
-    pol, rm = select_samples(jud, traj, m=4, lam=0.8, band=(0, 1), policy_band=(0, 1))
+    pol, rm = select_samples(
+        jud, traj, m=4, lam=0.8, band=(0, 1), policy_band=(0, 1), outcome_weight=1.0, rm_balance=False
+    )
     reward = pol["reward"]
     assert reward[2] - np.bincount(np.zeros(4, dtype=np.int64), weights=reward)[0] / 4 != 0.0  # the noise is real
     assert pol["advantage"][2] == 0.0  # exactly
@@ -165,7 +201,16 @@ def test_an_rm_judgment_at_its_sets_mean_is_dropped_as_zero_advantage():
     # won trajectory, m = 4, S = [1, -1, unparsed, unparsed]: R = 1 + lam * 0 = 1, RM rewards
     # R * S = [1, -1, -2, -2] (mean -1): judgment 1 sits at the mean -> advantage 0, dropped
     jud = judgments([(0, 0, 0, 1), (0, 0, 1, -1), (0, 0, 2, 0), (0, 0, 3, 0)])
-    _, rm = select_samples(jud, trajectories([0], ["a"], [1]), m=4, lam=1.0, band=(0, 1), policy_band=(0, 1))
+    _, rm = select_samples(
+        jud,
+        trajectories([0], ["a"], [1]),
+        m=4,
+        lam=1.0,
+        band=(0, 1),
+        policy_band=(0, 1),
+        outcome_weight=1.0,
+        rm_balance=False,
+    )
     assert rm["reward"].tolist() == [1.0, -1.0, -2.0, -2.0]
     assert rm["advantage"][1] == 0.0 and rm["advantage"][0] > 0 > rm["advantage"][2]
     assert rm["kept"].tolist() == [True, False, True, True]
@@ -181,7 +226,17 @@ def test_select_samples_without_judgments_by_hand():
     # the trajectories of test_select_samples_by_hand, no RM: R = w * O, z-scored per (task, step)
     traj = trajectories([0, 1, 2, 3], ["a", "a", "b", "a"], [1, -1, -1, 1])
     steps = {"traj_id": np.array([3, 0, 2, 1, 0]), "step_idx": np.array([0, 1, 0, 0, 0])}  # any order
-    pol, rm = select_samples(NONE, traj, m=0, lam=0.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), steps=steps)
+    pol, rm = select_samples(
+        NONE,
+        traj,
+        m=0,
+        lam=0.0,
+        band=(0.2, 0.8),
+        policy_band=(0.2, 0.8),
+        steps=steps,
+        outcome_weight=1.0,
+        rm_balance=False,
+    )
     assert pol["traj_id"].tolist() == [0, 0, 1, 2, 3] and pol["step_idx"].tolist() == [0, 1, 0, 0, 0]
     assert pol["reward"].tolist() == [1.0, 1.0, -1.0, -1.0, 1.0]
     # (a, step 0) = {1, -1, 1}: mean 1/3, sample std sqrt((4/9 + 16/9 + 4/9) / 2) = 1.1547
@@ -190,7 +245,9 @@ def test_select_samples_without_judgments_by_hand():
     assert pol["advantage"][1] == 1.0 and pol["advantage"][3] == -1.0  # alone in their (task, step): raw R
     assert pol["kept"].tolist() == [True, True, True, False, True]  # task b (accuracy 0) out of band
     assert all(len(column) == 0 for column in rm.values())  # no judgment, no RM sample
-    half = select_samples(NONE, traj, m=0, lam=0.0, band=(0, 1), policy_band=(0, 1), steps=steps, outcome_weight=0.5)
+    half = select_samples(
+        NONE, traj, m=0, lam=0.0, band=(0, 1), policy_band=(0, 1), steps=steps, outcome_weight=0.5, rm_balance=False
+    )
     assert half[0]["reward"].tolist() == [0.5, 0.5, -0.5, -0.5, 0.5]
 
 
@@ -216,4 +273,14 @@ def test_select_samples_without_judgments_refuses_what_it_cannot_mean(given, lam
         "steps+judged": (judged, steps),
     }[given]
     with pytest.raises(ValueError, match=re.escape(message)):
-        select_samples(args[0], traj, m=m, lam=lam, band=(0, 1), policy_band=(0, 1), steps=args[1])
+        select_samples(
+            args[0],
+            traj,
+            m=m,
+            lam=lam,
+            band=(0, 1),
+            policy_band=(0, 1),
+            steps=args[1],
+            outcome_weight=1.0,
+            rm_balance=False,
+        )

@@ -113,7 +113,9 @@ def test_unit_test_samples_hand_computed():
         "test_fraction": np.array([1.0, 0.5, 0.0, 1.0, 1.0]),
         "generated_fraction": np.array([1.0, 0.5, 0.0, 1.0, 1.0]),
     }
-    pol, rm = unit_test_samples(tests, trajectories, lam=0.5, band=(0.2, 0.8), policy_band=(0.2, 0.8))
+    pol, rm = unit_test_samples(
+        tests, trajectories, lam=0.5, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0
+    )
     assert pol["reward"].tolist() == [1.5, 0.75, 0.0, 1.5, 1.5]
     np.testing.assert_allclose(pol["advantage"], [0.75 / (0.75 + 1e-6), 0.0, -0.75 / (0.75 + 1e-6), 0.0, 0.0])
     assert pol["kept"].tolist() == [True, False, True, False, False]
@@ -147,11 +149,11 @@ def test_unit_test_samples_all_equal_rewards_are_zero_std_and_unknown_tasks_rais
     trajectories = {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1]),
                     "test_fraction": np.array([1.0, 0.0]), "generated_fraction": np.zeros(2)}  # fmt: skip
     tests = {"task_id": np.array(["a", "a"]), "test_idx": np.array([0, 1]), "reward": np.array([-2.0, -2.0])}
-    _, rm = unit_test_samples(tests, trajectories, lam=1.0, band=(0.0, 1.0), policy_band=(0.0, 1.0))
+    _, rm = unit_test_samples(tests, trajectories, lam=1.0, band=(0.0, 1.0), policy_band=(0.0, 1.0), outcome_weight=1.0)
     assert rm["drop_reason"].tolist() == ["zero_std", "zero_std"] and not rm["kept"].any()
     tests["task_id"] = np.array(["a", "z"])
     with pytest.raises(ValueError, match="no trainable trajectory"):
-        unit_test_samples(tests, trajectories, lam=1.0, band=(0.0, 1.0), policy_band=(0.0, 1.0))
+        unit_test_samples(tests, trajectories, lam=1.0, band=(0.0, 1.0), policy_band=(0.0, 1.0), outcome_weight=1.0)
 
 
 def test_unit_test_samples_rewards_equal_up_to_float_noise_are_zero_std():
@@ -165,7 +167,7 @@ def test_unit_test_samples_rewards_equal_up_to_float_noise_are_zero_std():
                     "generated_fraction": np.zeros(4)}  # fmt: skip
     tests = {"task_id": np.array(["a", "a", "b", "b"]), "test_idx": np.array([0, 1, 0, 1]),
              "reward": np.array([noisy, 0.3, 1.0, -1.0])}  # fmt: skip
-    _, rm = unit_test_samples(tests, trajectories, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8))
+    _, rm = unit_test_samples(tests, trajectories, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0)
     s = np.std([1.0, -1.0], ddof=1) + EPS  # sqrt(2) + 1e-6
     assert rm["advantage"].tolist() == [0.0, 0.0, 1 / s, -1 / s]
     assert rm["drop_reason"].tolist() == ["zero_std", "zero_std", None, None]  # == 0 on max - min said zero_advantage

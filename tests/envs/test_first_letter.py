@@ -23,7 +23,7 @@ def play(spec, response):
     config = env_config()
     env = make_env(config)
     prompt = env.reset(spec)
-    result = env.step(parse_answer(response, config.answer_fallback)[0])
+    result = env.step(parse_answer(response, fallback=config.answer_fallback)[0])
     return prompt, result, env.outcome()
 
 

@@ -12,8 +12,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from test_resume import TINY, assert_complete_like, cli, finish, logged_states  # helpers of the resume tests
 
-from rlanything.storage.checkpoints import folder_bytes
 from rlanything.pipeline import STEPS
+from rlanything.storage.checkpoints import folder_bytes
 from rlanything.storage.layout import RunLayout
 
 

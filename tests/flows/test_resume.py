@@ -25,7 +25,6 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from rlanything.pipeline import STEPS
-
 from rlanything.storage.layout import RunLayout
 
 REPO = Path(__file__).resolve().parents[2]

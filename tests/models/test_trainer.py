@@ -39,7 +39,7 @@ def batch_loss(model, samples, pad_id):
         for row, s in enumerate(samples):
             old[row, old.shape[1] - s.response_len :] = torch.tensor(s.old_logprobs)
         adv = torch.tensor([s.advantage for s in samples])
-        return ppo_clip_loss(lp, old, adv, mask, clip_eps=0.2, kl_beta=0.01)[0].item()
+        return ppo_clip_loss(lp, old, adv, mask, clip_eps=0.2, kl_beta=0.01, anchor_beta=0.0)[0].item()
 
 
 def test_update_raises_positive_and_lowers_negative_advantage_responses(tiny_model_path, tiny_tokenizer):
@@ -249,7 +249,8 @@ def test_lr_at_sets_each_steps_learning_rate(tiny_model_path, tiny_tokenizer):
 
     model, samples = batch(tiny_model_path, tiny_tokenizer)
     # the run's steps 2, 3, 4 of a warmup of 4 at lr 1e-3: 3/4, 4/4, 4/4 of it
-    lr_at = lambda k: learning_rate(2 + k, 1e-3, warmup_steps=4)  # noqa: E731
+    constant = dict(schedule="constant", total_steps=0, min_lr_ratio=0.0)
+    lr_at = lambda k: learning_rate(2 + k, 1e-3, warmup_steps=4, **constant)  # noqa: E731
     history = _update(model, samples, tiny_tokenizer.pad_token_id, updates=3, lr_at=lr_at)
     assert [h["lr"] for h in history] == pytest.approx([7.5e-4, 1e-3, 1e-3])
 
@@ -263,7 +264,7 @@ def test_entropy_is_the_mean_next_token_entropy_of_the_responses(tiny_model_path
         for s in samples:
             logits = model(input_ids=torch.tensor([s.input_ids])).logits[0]
             start = len(s.input_ids) - s.response_len
-            expected.append(token_entropy(logits[start - 1 : -1]).mean().item())
+            expected.append(token_entropy(logits[start - 1 : -1], temperature=1.0).mean().item())
     (step,) = _update(model, samples, tiny_tokenizer.pad_token_id, lr=1e-12)
     assert step["entropy"] == pytest.approx(sum(expected) / len(expected), rel=1e-4)
     assert 0 < step["entropy"] <= math.log(model.config.vocab_size)

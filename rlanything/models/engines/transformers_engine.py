@@ -44,7 +44,7 @@ def last_logprobs(model, ids, attn, width: int, temperature: float, cache: Dynam
         logits_to_keep=width + 1,
         **past,
     ).logits
-    return token_logprobs(logits[:, :-1].float(), ids[:, -width:], temperature)
+    return token_logprobs(logits[:, :-1].float(), ids[:, -width:], temperature=temperature)
 
 
 def response_logprobs(

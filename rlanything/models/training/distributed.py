@@ -213,7 +213,12 @@ def run_update(
         seed=job.seed,
         epochs=job.epochs,
         lr_at=lambda k: learning_rate(
-            job.first_step + k, job.lr, job.warmup_steps, job.schedule, job.total_steps, job.min_lr_ratio
+            job.first_step + k,
+            job.lr,
+            warmup_steps=job.warmup_steps,
+            schedule=job.schedule,
+            total_steps=job.total_steps,
+            min_lr_ratio=job.min_lr_ratio,
         ),
         on_micro_batch=on_micro_batch,
         precision=job.precision,

@@ -176,7 +176,7 @@ def packed_response_logprobs(
     # index_put_(accumulate=True), whose multi-threaded CPU kernel adds with float atomics in
     # scheduling order, so the weights depended on the load (index_add_ sums in index order)
     rows = logits.index_select(0, picked)
-    chosen = token_logprobs(rows, torch.tensor(target, device=device), temperature)
+    chosen = token_logprobs(rows, torch.tensor(target, device=device), temperature=temperature)
     out = torch.zeros((len(seqs), R), dtype=chosen.dtype, device=device)
     out[seq_of, col_of] = chosen
     lens = torch.tensor(response_lens, device=device)
@@ -184,7 +184,7 @@ def packed_response_logprobs(
     if not entropy:
         return out, response_mask
     with torch.no_grad():  # a measure only: a collapsing policy shows it first
-        node_entropy = token_entropy(logits.detach(), temperature)  # (K,), one per kept node
+        node_entropy = token_entropy(logits.detach(), temperature=temperature)  # (K,), one per kept node
         per_token = torch.zeros_like(out)
         per_token[seq_of, col_of] = node_entropy.index_select(0, picked)
     return out, response_mask, per_token
