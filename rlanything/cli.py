@@ -206,6 +206,13 @@ def evaluate(
         int | None,
         typer.Option("--problems", "-p", min=1, help="Held-out problems per split (default: eval.problems)."),
     ] = None,
+    wording: Annotated[
+        str | None,
+        typer.Option(
+            help="Text games: play in this wording (env.options.wording, e.g. held_out: words no training run "
+            "used); written under <run>/eval-<wording>/, logged as eval-<wording>/<split>/<measure>."
+        ),
+    ] = None,
 ) -> None:
     """Greedy success rate of a policy on held-out problems, with 95% intervals.
 
@@ -217,8 +224,10 @@ def evaluate(
     (judgments.parquet) and the table adds how well it predicts their outcomes: outcome accuracy
     and AUROC per episode, step accuracy, score gap, parse rate; `--set eval.rm=false` skips it.
     Episodes an earlier evaluation of the run played with the same weights (a frozen policy, the
-    same checkpoint again) are reused, not played again: the table and summary.md say from where."""
-    from rlanything.flows.evaluation import EvalTargetError, eval_flow, resolve_target
+    same checkpoint again) are reused, not played again: the table and summary.md say from where.
+    `--wording held_out` plays the same held-out games of a text game in words no training run
+    used (whether a skill survives a rephrasing), beside, not over, the evaluation in the run's own."""
+    from rlanything.flows.evaluation import EvalTargetError, eval_flow, resolve_target, wording_overrides
     from rlanything.flows.interrupt import handle_stops
     from rlanything.flows.servers import guard_prefect_server
     from rlanything.reports.eval_report import eval_table
@@ -227,16 +236,17 @@ def evaluate(
         _fail(f"--split must be in_domain, ood or all, not {split!r}")
     try:
         resolved = resolve_target(target, config)
-        load_config(resolved.config_path, set_ or [])  # fail fast, before Prefect starts
+        load_config(resolved.config_path, [*(set_ or []), *wording_overrides(wording)])  # fail fast, before Prefect
         with handle_stops(_this_command()):
             guard_prefect_server()
-            result = eval_flow(target, str(config) if config else None, set_ or [], split, problems)
+            result = eval_flow(target, str(config) if config else None, set_ or [], split, problems, wording)
     except (EvalTargetError, ConfigError) as err:
         _fail(str(err))
     except Exception as err:
         _fail(f"the evaluation stopped: {type(err).__name__}: {err}", EXIT_FAILED)
     env_kind = result["summary"][0]["env_kind"]
-    console.print(eval_table(result["summary"], f"rlanything eval: {target} (greedy, {env_kind})"))
+    worded = f", {wording} wording" if wording else ""
+    console.print(eval_table(result["summary"], f"rlanything eval: {target} (greedy, {env_kind}{worded})"))
     console.print(f"episodes, summary.md, eval.png: {result['out_dir']}   MLflow run {result['mlflow_run_id']}")
 
 

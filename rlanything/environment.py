@@ -241,6 +241,11 @@ class TextWorldOptions(_Options):
     """Show the policy one won episode of another game of the same type and settings (a
     reserved seed, never trained on or evaluated) before the game, turn by turn, each winning
     command boxed as an earlier answer (envs/textgame.py)."""
+    wording: Literal["shipped", "plain", "terse", "varied", "held_out"] = "shipped"
+    """How the game is put to the policy: the system prompt, labels, command-list layout, answer
+    line and worked-example game (envs/textgame.py, "Wording"). `shipped`: every earlier run's;
+    `varied`: one of shipped, plain, terse per task (by its seed); `held_out`: one no training
+    run should use (`rlanything eval --wording held_out` measures a skill under it)."""
 
 
 class TextWorldExpressOptions(_Options):
@@ -256,6 +261,11 @@ class TextWorldExpressOptions(_Options):
     """Show the policy one won episode of another game of the same type and settings (a
     reserved seed, never trained on or evaluated) before the game, turn by turn, each winning
     command boxed as an earlier answer (envs/textgame.py)."""
+    wording: Literal["shipped", "plain", "terse", "varied", "held_out"] = "shipped"
+    """How the game is put to the policy: the system prompt, labels, command-list layout, answer
+    line and worked-example game (envs/textgame.py, "Wording"). `shipped`: every earlier run's;
+    `varied`: one of shipped, plain, terse per task (by its seed); `held_out`: one no training
+    run should use (`rlanything eval --wording held_out` measures a skill under it)."""
 
 
 ALFWORLD_TASK_TYPES = (

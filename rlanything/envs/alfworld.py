@@ -125,7 +125,7 @@ class AlfWorldEnv(TextGameEnv):
         self._goal, room = split_intro(state.feedback)
         self._commands = sorted(state.admissible_commands)
         self._won = self._done = False
-        return observation(self._goal, room, self._commands)
+        return observation(self._goal, room, self._commands, self.wording)
 
     # --- specs and rewrites -------------------------------------------------------------------
     @staticmethod

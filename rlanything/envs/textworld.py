@@ -61,7 +61,16 @@ import textworld.challenges
 from textworld.generator import compile_game
 
 from rlanything.envs.base import StepLabel
-from rlanything.envs.textgame import TextGameEnv, observation, parse_json_box, resolve_command, tidy, worked_example
+from rlanything.envs.textgame import (
+    WORDINGS,
+    TextGameEnv,
+    observation,
+    parse_json_box,
+    resolve_command,
+    tidy,
+    wording_name,
+    worked_example,
+)
 from rlanything.seeding import slot_seed
 
 if TYPE_CHECKING:
@@ -334,9 +343,10 @@ class TextWorldEnv(TextGameEnv):
         self._goal = tidy(state.objective)
         self._commands = sorted(state.admissible_commands)
         self._won = self._done = False
+        self.wording = WORDINGS[wording_name(self.config.options.wording, spec)]
         if self.config.options.worked_example:
             self.example = worked_example(self, spec, lambda example: walkthrough(self.config, example))
-        return observation(self._goal, clean_feedback(state.description), self._commands)
+        return observation(self._goal, clean_feedback(state.description), self._commands, self.wording)
 
     @staticmethod
     def step_labels(config: EnvConfig, spec: dict[str, Any], actions: list[str | None]) -> list[StepLabel | None]:

@@ -32,13 +32,14 @@ from typing import TYPE_CHECKING, Any
 from rlanything.envs.base import Environment, StepResult
 from rlanything.envs.textgame import (
     JUDGE_HINT,
-    SYSTEM_PROMPT,
+    WORDINGS,
     invalid_observation,
     judge_view,
     observation,
     parse_json_box,
     resolve_command,
     tidy,
+    wording_name,
     worked_example,
 )
 from rlanything.seeding import slot_seed
@@ -125,7 +126,6 @@ def gold_path(spec: dict[str, Any]) -> list[str]:
 
 
 class TextWorldExpressEnv(Environment):
-    system_prompt = SYSTEM_PROMPT
     judge_hint = JUDGE_HINT
     judge_view = staticmethod(judge_view)
 
@@ -136,8 +136,15 @@ class TextWorldExpressEnv(Environment):
         self._won = self._done = False
         self.example: tuple[tuple[str, str], ...] | None = None
         """A won episode of another game of the same settings (`textgame.worked_example`), or None."""
+        self.wording = WORDINGS["shipped"]
+        """How the game is put to the policy (`options.wording`), set by `reset`."""
+
+    @property
+    def system_prompt(self) -> str:
+        return self.wording.system_prompt
 
     def reset(self, spec: dict[str, Any]) -> str:
+        self.wording = WORDINGS[wording_name(self.config.options.wording, spec)]
         if self.config.options.worked_example:  # before this game loads: the example has its own
             self.example = worked_example(self, spec, gold_path)
         if self._game is None:
@@ -146,12 +153,12 @@ class TextWorldExpressEnv(Environment):
         self._goal = tidy(self._game.getTaskDescription())
         self._commands = sorted(first["validActions"])
         self._won = self._done = False
-        return observation(self._goal, tidy(first["observation"]), self._commands)
+        return observation(self._goal, tidy(first["observation"]), self._commands, self.wording)
 
     def step(self, action: str | None) -> StepResult:
         command = resolve_command(action, self._commands)
         if command is None or self._done:
-            return StepResult(invalid_observation(self._goal, action, self._commands), done=False)
+            return StepResult(invalid_observation(self._goal, action, self._commands, self.wording), done=False)
         info = json.loads(self._game.stepJSON(command))
         self._won = bool(info["tasksuccess"]) or info["score"] >= 1.0
         self._done = self._won or bool(info["taskfailure"])
@@ -159,7 +166,7 @@ class TextWorldExpressEnv(Environment):
         feedback = tidy(info["observation"])
         if self._done:
             return StepResult(feedback, done=True)
-        return StepResult(observation(self._goal, feedback, self._commands), done=False)
+        return StepResult(observation(self._goal, feedback, self._commands, self.wording), done=False)
 
     def outcome(self) -> int:
         return 1 if self._won else -1

@@ -138,9 +138,18 @@ def resolve_target(target: str, config_path: str | Path | None = None, runs: Pat
     )
 
 
-def eval_dir(run_dir: Path, iteration: int) -> Path:
-    """<run>/eval/iter_NNNN, or <run>/eval/base for the run's starting model."""
-    return Path(run_dir) / "eval" / ("base" if iteration == BASE else f"iter_{iteration:04d}")
+def eval_dir(run_dir: Path, iteration: int, wording: str | None = None) -> Path:
+    """<run>/eval/iter_NNNN, or <run>/eval/base for the run's starting model; in another wording
+    of a text game (`wording`), <run>/eval-<wording>/...: beside the run's own, never mixed with it
+    (a later evaluation reuses episodes of its own folder's siblings only; the eval curves read eval/)."""
+    folder = "eval" if wording is None else f"eval-{wording}"
+    return Path(run_dir) / folder / ("base" if iteration == BASE else f"iter_{iteration:04d}")
+
+
+def wording_overrides(wording: str | None) -> list[str]:
+    """The config overrides of `rlanything eval --wording`: the text game's `env.options.wording`
+    (an environment without the option refuses it with the config's one-line error)."""
+    return [] if wording is None else [f"env.options.wording={wording}"]
 
 
 def _model_run(config, target: EvalTarget) -> tuple[str, str]:
@@ -186,22 +195,26 @@ def eval_flow(
     overrides: list[str] | None = None,
     split: str = "all",
     problems: int | None = None,
+    wording: str | None = None,
 ) -> dict:
     """Evaluate `target` greedily on held-out problems of `split` (in_domain, ood, or all:
-    the config's eval.splits) with `problems` per split (default eval.problems)."""
+    the config's eval.splits) with `problems` per split (default eval.problems); `wording`: a
+    text game's held-out (or other) wording, kept apart (`eval_dir`, metrics eval-<wording>/...)."""
     resolved = resolve_target(target, config_path)
     overrides = list(overrides or []) + ([f"eval.problems={problems}"] if problems else [])
+    overrides += wording_overrides(wording)
     config = load_config(resolved.config_path, overrides)
     splits = list(config.eval.splits) if split == "all" else [split]
     if any(s not in SPLITS for s in splits):
         raise ConfigError(f"unknown split {split!r}; one of {', '.join(SPLITS)} or all")
+    folder = "eval" if wording is None else f"eval-{wording}"
     if resolved.run_dir is not None:
-        out = eval_dir(resolved.run_dir, resolved.iteration)
+        out = eval_dir(resolved.run_dir, resolved.iteration, wording)
         run_id = RunLayout(resolved.run_dir).mlflow_run_id()
-        artifact_path, step = f"eval/{out.name}", resolved.iteration
+        artifact_path, step = f"{folder}/{out.name}", resolved.iteration
     else:
         safe = re.sub(r"[^A-Za-z0-9._-]+", "_", resolved.label).strip("_")
-        out = Path(config.run.root).resolve() / "eval" / safe
+        out = Path(config.run.root).resolve() / folder / safe
         (run_id, artifact_path), step = _model_run(config, resolved), 0
     rm_weights, rm_label = rm_target(config, resolved)
     start = time.perf_counter()
@@ -237,6 +250,7 @@ def eval_flow(
     report = eval_report(parts, str(out), title, details)
     metrics = {k: v for part in parts for k, v in part["metrics"].items()} | report["metrics"]
     metrics["eval/time_s"] = time.perf_counter() - start
+    metrics = {k.replace("eval/", f"{folder}/", 1): v for k, v in metrics.items()}  # apart from eval/ in MLflow
     curves = _record(config.mlflow_uri, run_id, resolved, out, report, metrics, artifact_path, step)
     return {
         "out_dir": str(out),
@@ -269,7 +283,7 @@ def _record(
     write_text(json.dumps(record, indent=2), out / "summary.json")  # whole or not at all: read to reuse
     tracking.log_metrics(uri, run_id, {k: v for k, v in metrics.items() if not math.isnan(v)}, step=step)
     tracking.log_artifacts(uri, run_id, [Path(p) for p in report["paths"]] + [out / "summary.json"], artifact_path)
-    if resolved.run_dir is None:
+    if resolved.run_dir is None or out.parent.name != "eval":  # the curves are the run's own wording's
         return None
     curves = plot_eval_curves(eval_history(resolved.run_dir), resolved.run_dir / "eval_curves.png")
     tracking.log_artifacts(uri, run_id, [curves], None)  # on the run's front page

@@ -275,3 +275,53 @@ def test_the_worked_example_is_a_won_game_of_the_same_settings_at_a_reserved_see
         seed=0,
     )
     assert seen[0] == [shown for shown, _ in turns] + [first]
+
+
+@pytest.mark.parametrize("kind", ["textworld", "textworld_express"])
+def test_a_wording_changes_the_words_and_the_example_game_not_the_game(games, kind):
+    """`options.wording`: the same game in the held-out wording shows the same goal, feedback and
+    commands under other labels, another system prompt and another reserved example game (whose
+    turns use the held-out words too); answers are read alike; `varied` picks a training wording by
+    the spec's seed, never the held-out one."""
+    from rlanything.envs.heldout import EXAMPLE_SEED
+    from rlanything.envs.textgame import TRAINING_WORDINGS, WORDINGS, judge_view, wording_name
+    from rlanything.seeding import SLOT_STRIDE
+
+    plain = tw_config(games) if kind == "textworld" else twx_config(2)
+
+    def env_config(**options):
+        return build_config(
+            {
+                "env": {
+                    **plain.model_dump(),
+                    "options": {**plain.options.model_dump(), "worked_example": True, **options},
+                }
+            }
+        ).env
+
+    spec = initial_specs(plain, seed=0)[0]
+    shipped, held_out = make_env(env_config()), make_env(env_config(wording="held_out"))
+    try:
+        first, other = shipped.reset(spec), held_out.reset(spec)
+        assert first.startswith("Goal: ") and "\nValid commands:\n1. " in first
+        assert other.startswith("What to achieve: ") and "\nPossible actions:\n- (1) " in other
+        assert judge_view(first).removeprefix("Goal: ") == judge_view(other).removeprefix("What to achieve: ")
+        assert shipped.system_prompt != held_out.system_prompt == WORDINGS["held_out"].system_prompt
+        assert held_out.example != shipped.example and held_out.example[0][0].startswith("What to achieve: ")
+        # the held-out example is another reserved game: replayed in the shipped words at its seed
+        seed = EXAMPLE_SEED + WORDINGS["held_out"].example_game * 4 * SLOT_STRIDE  # EXAMPLE_TRIES = 4
+        shown = [(judge_view(o), a) for o, a in held_out.example]
+        replayed = make_env(plain)
+        try:
+            assert judge_view(replayed.reset({**spec, "seed": seed})) == shown[0][0].replace(
+                "What to achieve: ", "Goal: ", 1
+            )
+        finally:
+            replayed.close()
+        # an answer by number as the held-out list writes it, "(1)", plays the first command alike
+        one, two = shipped.step("(1)"), held_out.step("1")
+        assert judge_view(one.observation) == judge_view(two.observation).replace("What to achieve: ", "Goal: ", 1)
+    finally:
+        shipped.close(), held_out.close()
+    picked = {wording_name("varied", {"seed": s}) for s in range(12)}
+    assert picked == set(TRAINING_WORDINGS) and "held_out" not in TRAINING_WORDINGS

@@ -182,6 +182,26 @@ def test_eval_measures_the_rm_against_the_step_labels_with_the_last_steps_apart(
     assert len(rows) == 2 and rows[0][1] == rows[1][1], rejudged.stdout
 
 
+def test_eval_in_the_held_out_wording_plays_the_same_games_in_other_words_beside_the_runs_own(run):
+    """`rlanything eval --wording held_out`: the same held-out games (same specs, same first
+    game text) under the held-out labels, written to <run>/eval-held_out/ and logged as
+    eval-held_out/<split>/..., leaving the run's own evaluation folder and curves alone."""
+    from rlanything.flows.evaluation import eval_flow
+
+    own = eval_flow(run["run_dir"], None, ["eval.rm=false"], "in_domain", 2)
+    own_summary = (Path(own["out_dir"]) / "summary.json").read_text()
+    other = eval_flow(run["run_dir"], None, ["eval.rm=false"], "in_domain", 2, wording="held_out")
+    assert Path(other["out_dir"]).parent == Path(run["run_dir"]) / "eval-held_out"
+    assert Path(other["out_dir"]).name == Path(own["out_dir"]).name
+    assert (Path(own["out_dir"]) / "summary.json").read_text() == own_summary  # the run's own: untouched
+    mine, theirs = (read_table(Path(r["out_dir"]) / "episodes.parquet", schemas.EVAL_EPISODES) for r in (own, other))
+    assert mine.spec.tolist() == theirs.spec.tolist()
+    assert all(o.startswith("Goal: ") for o in mine.first_observation)
+    assert all(o.startswith("What to achieve: ") for o in theirs.first_observation)
+    assert "eval-held_out/in_domain/accuracy" in other["metrics"]
+    assert not any(k.startswith("eval/") for k in other["metrics"]) and other["curves"] is None
+
+
 def test_judging_only_trainable_tasks_skips_an_iteration_where_every_task_left_the_band(prefect_server, tmp_path):
     """A random policy loses every game: with the paper's bands no task can train, so with
     rm.judge_trainable_only nothing is judged, and the iteration still completes, recording it."""
