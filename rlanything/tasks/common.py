@@ -15,7 +15,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import CacheKeyFnPolicy
 
-from rlanything import stopping
+from rlanything import memory, stopping
 from rlanything.agent.run_context import open_run
 from rlanything.debug_faults import inject_fault
 from rlanything.metric_names import step_time
@@ -43,20 +43,25 @@ def step_cache_key(context, parameters: dict[str, Any]) -> str:
 
 def step_task(name: str) -> Callable:
     """Decorate a step `fn(run_dir, iteration) -> (paths, metrics)` as a Prefect task that
-    logs its files to MLflow under iter_NNNN/ and reports its wall time."""
+    logs its files to MLflow under iter_NNNN/ and reports its wall time and its peak resident
+    memory (`memory.peak_gb`: the step's own, where Linux lets the counter be reset)."""
 
     def wrap(fn: Callable[[str, int], tuple[list[Path], dict[str, float]]]):
         @functools.wraps(fn)
         @noting_stops
         def run(run_dir: str, iteration: int) -> dict[str, Any]:
             stopping.check()  # a stop that came between two steps starts none
-            start = time.perf_counter()
+            start, own_peak = time.perf_counter(), memory.reset_peak()
             inject_fault(name, iteration, "start")
             paths, metrics = fn(run_dir, iteration)
             inject_fault(name, iteration, "end")
             config, layout = open_run(run_dir)
             tracking.log_artifacts(config.mlflow_uri, layout.mlflow_run_id(), paths, f"iter_{iteration:04d}")
             metrics[step_time(name)] = time.perf_counter() - start
+            # this step's peak RSS (the process's so far where the counter cannot be reset)
+            metrics[f"memory/{name}_peak_rss_gb" if own_peak else f"memory/{name}_process_peak_rss_gb"] = (
+                memory.peak_gb()
+            )
             return {"paths": [str(p) for p in paths], "metrics": metrics}
 
         return task(name=name, persist_result=True, cache_policy=CacheKeyFnPolicy(cache_key_fn=step_cache_key))(run)
