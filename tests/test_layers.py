@@ -488,3 +488,30 @@ def test_every_reader_of_the_steps_follows_the_declaration():
     assert parse_fault("raise:adapt_tasks") == ("raise", "adapt_tasks", None, "start")
     with pytest.raises(ValueError, match="rollout, verify, rm_score"):
         parse_fault("raise:reflect")
+
+
+def tree_entries(markdown: str) -> set[str]:
+    r"""The package's top-level folders and modules the layer tree (the first code block under
+    "## Layers") names at its first indentation, and those a comma list there names.
+
+    >>> sorted(tree_entries("## Layers\n```\nrlanything/\n  cli.py  x\n  agent/  y\n  a.py, b.py: z\n    sub/  w\n```\n"))
+    ['a', 'agent', 'b', 'cli']
+    """
+    section = ("\n" + markdown).split("\n## Layers\n", 1)[1]
+    block = section.split("```\n", 1)[1].split("```", 1)[0]
+    names = set()
+    for line in block.splitlines():
+        if line.startswith("  ") and not line.startswith("   "):
+            first = line.split()[0]
+            head = line.strip().split(": ", 1)[0] if first.endswith(".py,") else first
+            names.update(re.findall(r"(\w+)(?:\.py|/)", head))
+    return names
+
+
+def test_the_layer_tree_names_every_top_level_folder_and_module_and_nothing_else():
+    tree = tree_entries(ARCHITECTURE.read_text())
+    package = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir() if p.suffix == ".py" or p.is_dir()}
+    package -= {"__init__", "__pycache__"}
+    assert tree == package
+    layers = {layer for tier in ORDER for layer in tier} - {"__init__"}
+    assert layers == package  # and each is a layer of the order (and so of the table)
