@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,7 @@ import pandas as pd
 from rlanything.agent.play import play
 from rlanything.algo.parsing import FALLBACKS
 from rlanything.envs.base import Environment, make_env, replayable
-from rlanything.envs.heldout import drop_trained, heldout_specs
+from rlanything.envs.heldout import SPLITS, drop_trained, heldout_specs
 from rlanything.models.engines.generation import GenerationEngine
 from rlanything.models.engines.make import make_engine
 from rlanything.storage.buffer import read_buffer
@@ -325,3 +326,34 @@ def play_split(
     rows, steps = play_greedy_steps(engine, tokenizer, config.env, specs, split, max_new_tokens=max_new_tokens)
     episodes = pd.DataFrame(rows) if rows else pd.DataFrame(columns=EVAL_EPISODES.names)
     return episodes, pd.DataFrame(step_rows(split, steps), columns=EVAL_STEPS.names)
+
+
+def merged_splits(path: Path, schema, parts: list[str], evaluated: set[str]) -> pd.DataFrame:
+    """The splits' part files (removed) and the rows of the earlier `path` whose split is not
+    evaluated again now (kept beside the new ones), in `SPLITS` order."""
+    frames = [read_table(Path(p), schema) for p in parts]
+    if path.exists():  # an earlier evaluation in this folder
+        earlier = read_table(path, schema)
+        frames.insert(0, earlier[~earlier.split.isin(evaluated)])
+    frames = [f for f in frames if len(f)] or [pd.DataFrame(columns=schema.names)]
+    merged = pd.concat(frames, ignore_index=True)
+    for part in parts:
+        Path(part).unlink()
+    return merged.sort_values("split", key=lambda s: s.map(SPLITS.index), kind="stable", ignore_index=True)
+
+
+PROVENANCE = ("play_key", "rm_key", "episodes_from", "judgments_from")
+"""The keys of a summary.json split row that say where its episodes and judgments come from
+(`tasks.evaluate.evaluate_split`'s provenance): what a later evaluation compares to reuse them."""
+
+
+def is_nan(value) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def split_provenance(out: Path, parts: list[dict], evaluated: set[str]) -> dict[str, dict]:
+    """split -> its `PROVENANCE`: this evaluation's for the splits evaluated now, the earlier
+    summary.json's for the splits kept from it."""
+    earlier = json.loads((out / "summary.json").read_text())["splits"] if (out / "summary.json").exists() else []
+    kept = {r["split"]: {k: r.get(k) for k in PROVENANCE} for r in earlier if r["split"] not in evaluated}
+    return kept | {part["split"]: part["provenance"] for part in parts}

@@ -6,7 +6,6 @@ copied and judged only by an RM that changed: agent/eval_play.py), then the repo
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -14,14 +13,23 @@ import pandas as pd
 from prefect import task
 
 from rlanything.agent.eval_judge import PROCESS_MEASURES, eval_contexts, held_out_labels, judge_split, rm_measures
-from rlanything.agent.eval_play import earlier_split, heldout_problems, play_key, play_split, rm_key, trained_specs
+from rlanything.agent.eval_play import (
+    earlier_split,
+    heldout_problems,
+    is_nan,
+    merged_splits,
+    play_key,
+    play_split,
+    rm_key,
+    split_provenance,
+    trained_specs,
+)
 from rlanything.algo.metrics import success_summary
 from rlanything.config import load_config
 from rlanything.debug_faults import inject_fault
-from rlanything.envs.heldout import SPLITS
 from rlanything.models.precision import precision_of
 from rlanything.reports.eval_report import RM_MEASURES, plot_splits, summary_markdown
-from rlanything.storage.parquet import read_table, write_table
+from rlanything.storage.parquet import write_table
 from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS, EVAL_STEP_LABELS, EVAL_STEPS
 from rlanything.tasks.common import noting_stops
 
@@ -88,37 +96,6 @@ def evaluate_split(
     return result | {"metrics": metrics, "provenance": provenance}
 
 
-def _merged(path: Path, schema, parts: list[str], evaluated: set[str]) -> pd.DataFrame:
-    """The splits' part files (removed) and the rows of the earlier `path` whose split is not
-    evaluated again now (kept beside the new ones), in `SPLITS` order."""
-    frames = [read_table(Path(p), schema) for p in parts]
-    if path.exists():  # an earlier evaluation in this folder
-        earlier = read_table(path, schema)
-        frames.insert(0, earlier[~earlier.split.isin(evaluated)])
-    frames = [f for f in frames if len(f)] or [pd.DataFrame(columns=schema.names)]
-    merged = pd.concat(frames, ignore_index=True)
-    for part in parts:
-        Path(part).unlink()
-    return merged.sort_values("split", key=lambda s: s.map(SPLITS.index), kind="stable", ignore_index=True)
-
-
-PROVENANCE = ("play_key", "rm_key", "episodes_from", "judgments_from")
-"""The keys of a summary.json split row that say where its episodes and judgments come from
-(`evaluate_split`'s provenance): what a later evaluation compares to reuse them."""
-
-
-def _nan(value) -> bool:
-    return isinstance(value, float) and math.isnan(value)
-
-
-def _provenance(out: Path, parts: list[dict], evaluated: set[str]) -> dict[str, dict]:
-    """split -> its `PROVENANCE`: this evaluation's for the splits evaluated now, the earlier
-    summary.json's for the splits kept from it."""
-    earlier = json.loads((out / "summary.json").read_text())["splits"] if (out / "summary.json").exists() else []
-    kept = {r["split"]: {k: r.get(k) for k in PROVENANCE} for r in earlier if r["split"] not in evaluated}
-    return kept | {part["split"]: part["provenance"] for part in parts}
-
-
 @task(name="eval-report")
 @noting_stops
 def eval_report(parts: list[dict], out_dir: str, title: str, details: dict[str, str]) -> dict:
@@ -132,11 +109,13 @@ def eval_report(parts: list[dict], out_dir: str, title: str, details: dict[str, 
     or kept (eval.rm off, no judging RM) an earlier judgments.parquet is removed."""
     out = Path(out_dir)
     evaluated = {part["split"] for part in parts}
-    episodes = _merged(out / "episodes.parquet", EVAL_EPISODES, [p for part in parts for p in part["paths"]], evaluated)
-    steps = _merged(out / "steps.parquet", EVAL_STEPS, [part["steps"] for part in parts], evaluated)
+    episodes = merged_splits(
+        out / "episodes.parquet", EVAL_EPISODES, [p for part in parts for p in part["paths"]], evaluated
+    )
+    steps = merged_splits(out / "steps.parquet", EVAL_STEPS, [part["steps"] for part in parts], evaluated)
     judged = [part["judgments"] for part in parts if part["judgments"]]
     labelled = [part["labels"] for part in parts if part.get("labels")]
-    provenance = _provenance(out, parts, evaluated)
+    provenance = split_provenance(out, parts, evaluated)
     paths = [write_table(episodes, EVAL_EPISODES, out / "episodes.parquet")]
     paths.append(write_table(steps, EVAL_STEPS, out / "steps.parquet"))
     summary = success_summary(episodes, ["env_kind", "split"])
@@ -152,16 +131,16 @@ def eval_report(parts: list[dict], out_dir: str, title: str, details: dict[str, 
     )
     metrics = {f"eval/{r['split']}/{m}": float(r[m]) for _, r in summary.iterrows() for m in measures}
     splits = json.loads(summary.to_json(orient="records"))  # NaN -> null
-    judgments = _merged(out / "judgments.parquet", EVAL_JUDGMENTS, judged, evaluated)
+    judgments = merged_splits(out / "judgments.parquet", EVAL_JUDGMENTS, judged, evaluated)
     if judged or len(judgments):  # judged now (maybe nothing: no valid episode), or kept
         paths.append(write_table(judgments, EVAL_JUDGMENTS, out / "judgments.parquet"))
-        labels = _merged(out / "step_labels.parquet", EVAL_STEP_LABELS, labelled, evaluated)
+        labels = merged_splits(out / "step_labels.parquet", EVAL_STEP_LABELS, labelled, evaluated)
         if labelled or len(labels):
             paths.append(write_table(labels, EVAL_STEP_LABELS, out / "step_labels.parquet"))
         rm = rm_measures(episodes, judgments, labels if len(labels) else None)
         for row in splits:
             values = rm[row["split"]]
-            row.update({k: None if _nan(v) else v for k, v in values.items()})  # JSON: NaN -> null
+            row.update({k: None if is_nan(v) else v for k, v in values.items()})  # JSON: NaN -> null
             known = [k for k in (*RM_MEASURES, *PROCESS_MEASURES) if k in values]
             metrics |= {f"eval/{row['split']}/{k}": float(values[k]) for k in known}
     else:
