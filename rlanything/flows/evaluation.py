@@ -238,16 +238,7 @@ def eval_flow(
         for s in splits
     ]
     title = f"held-out evaluation of {resolved.label}" + (f" (run {resolved.run_dir.name})" if resolved.run_dir else "")
-    details = {
-        "weights": str(resolved.weights) + (f" (sha256 {digests['policy'][:12]})" if digests["policy"] else ""),
-        "environment": config.env.kind,
-        "decoding": "greedy (temperature 0)",
-        "problems per split": str(config.eval.problems),
-        "answer fallback": config.env.answer_fallback,
-        "reward model": rm_label
-        + (f" (m = {config.rm.judgments_per_step}, {config.rm.verdict} verdicts)" if rm_weights else ""),
-    }
-    report = eval_report(parts, str(out), title, details)
+    report = eval_report(parts, str(out), title, _details(config, resolved, digests, rm_weights, rm_label))
     metrics = {k: v for part in parts for k, v in part["metrics"].items()} | report["metrics"]
     metrics["eval/time_s"] = time.perf_counter() - start
     metrics = {k.replace("eval/", f"{folder}/", 1): v for k, v in metrics.items()}  # apart from eval/ in MLflow
@@ -259,6 +250,19 @@ def eval_flow(
         "mlflow_run_id": run_id,
         "mlflow_uri": config.mlflow_uri,
         "curves": str(curves) if curves else None,
+    }
+
+
+def _details(config, resolved: EvalTarget, digests: dict, rm_weights, rm_label: str) -> dict[str, str]:
+    """What summary.md says the evaluation ran with."""
+    return {
+        "weights": str(resolved.weights) + (f" (sha256 {digests['policy'][:12]})" if digests["policy"] else ""),
+        "environment": config.env.kind,
+        "decoding": "greedy (temperature 0)",
+        "problems per split": str(config.eval.problems),
+        "answer fallback": config.env.answer_fallback,
+        "reward model": rm_label
+        + (f" (m = {config.rm.judgments_per_step}, {config.rm.verdict} verdicts)" if rm_weights else ""),
     }
 
 
