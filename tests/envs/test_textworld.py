@@ -3,6 +3,7 @@ by replay: the walkthrough / gold path wins, wrong play loses, bad answers cost 
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -325,3 +326,22 @@ def test_a_wording_changes_the_words_and_the_example_game_not_the_game(games, ki
         shipped.close(), held_out.close()
     picked = {wording_name("varied", {"seed": s}) for s in range(12)}
     assert picked == set(TRAINING_WORDINGS) and "held_out" not in TRAINING_WORDINGS
+
+
+def test_the_multi_step_setting_as_shipped_can_be_made_easier_and_harder(games):
+    """configs/smollm2-textworld-quest2.yaml: its games' wins take two actions, and each task has
+    an easier (one-action) and a harder (three-action) rewrite by rule, both built and won by their
+    walkthroughs; its OOD split is four rooms with four-action quests."""
+    from rlanything.config import load_config
+    from rlanything.envs.heldout import heldout_specs
+
+    shipped = Path(__file__).resolve().parents[2] / "configs/smollm2-textworld-quest2.yaml"
+    config = load_config(shipped, [f"env.options.games_dir={games}"]).env
+    for spec in initial_specs(config, seed=0)[:2]:
+        assert len(walkthrough(config, spec)) == 2
+        for direction, actions in (("easier", 1), ("harder", 3)):
+            rewritten = TextWorldEnv.parse_rewrite(spec, TextWorldEnv.rule_rewrite(spec, direction))
+            TextWorldEnv.validate_spec(config, rewritten)
+            assert len(walkthrough(config, rewritten)) == actions
+    [ood] = heldout_specs(config, "ood", 1, 0)
+    assert ood["options"]["world_size"] == 4 and ood["options"]["quest_length"] == 4
