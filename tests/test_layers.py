@@ -515,3 +515,20 @@ def test_the_layer_tree_names_every_top_level_folder_and_module_and_nothing_else
     assert tree == package
     layers = {layer for tier in ORDER for layer in tier} - {"__init__"}
     assert layers == package  # and each is a layer of the order (and so of the table)
+
+
+def repeated_file_names(package: Path) -> dict[str, list[str]]:
+    """File name -> its modules, for every name two modules of `package` share (`__init__.py` apart)."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(path.relative_to(package.parent).as_posix())
+    return {name: where for name, where in seen.items() if len(where) > 1}
+
+
+def test_one_file_name_means_one_thing(tmp_path):
+    assert repeated_file_names(PACKAGE) == {}
+    package = _tree(tmp_path, {"__init__.py": "", "agent/rollout.py": "", "tasks/rollout.py": "", "algo/x.py": ""})
+    assert repeated_file_names(package) == {
+        "rollout.py": ["rlanything/agent/rollout.py", "rlanything/tasks/rollout.py"]
+    }
