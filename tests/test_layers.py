@@ -532,3 +532,13 @@ def test_one_file_name_means_one_thing(tmp_path):
     assert repeated_file_names(package) == {
         "rollout.py": ["rlanything/agent/rollout.py", "rlanything/tasks/rollout.py"]
     }
+
+
+def test_algo_works_on_arrays_and_tensors_not_frames():
+    """docs/architecture.md: algo is functions over numpy arrays and torch tensors; frame glue
+    (pandas) lives in the library layers that read the run folder."""
+    for path in sorted((PACKAGE / "algo").glob("*.py")):
+        names = {
+            name for _, name in _imports(ast.parse(path.read_text()), f"rlanything.algo.{path.stem}", False, set())
+        }
+        assert not {n for n in names if n.split(".")[0] in ("pandas", "pyarrow")}, path.name

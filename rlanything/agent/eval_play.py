@@ -41,6 +41,7 @@ from typing import Any
 import pandas as pd
 
 from rlanything.agent.play import play
+from rlanything.algo.metrics import wilson_interval
 from rlanything.algo.parsing import FALLBACKS
 from rlanything.envs.base import Environment, make_env, replayable
 from rlanything.envs.heldout import SPLITS, drop_trained, heldout_specs
@@ -357,3 +358,66 @@ def split_provenance(out: Path, parts: list[dict], evaluated: set[str]) -> dict[
     earlier = json.loads((out / "summary.json").read_text())["splits"] if (out / "summary.json").exists() else []
     kept = {r["split"]: {k: r.get(k) for k in PROVENANCE} for r in earlier if r["split"] not in evaluated}
     return kept | {part["split"]: part["provenance"] for part in parts}
+
+
+def rate(flags: pd.Series) -> float:
+    """Mean of a boolean series, NaN when empty."""
+    return float(flags.mean()) if len(flags) else math.nan
+
+
+def success_summary(episodes: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """One row per group of `episodes` with the held-out metrics.
+
+    episodes: one row per evaluated episode with boolean columns `valid` (False: the
+    environment failed; not counted in n, counted in env_errors), `success` (outcome +1, with
+    the environment's answer fallback), `strict_success` (outcome +1 and every answer came from
+    a \boxed{}) and `boxed` (every step's answer was boxed); `by`: grouping columns (e.g.
+    ["split"] or ["env_kind", "split"]).
+    -> columns by + n, successes, accuracy, ci_low, ci_high, strict_accuracy, strict_ci_low,
+    strict_ci_high, fallback_accuracy (= accuracy), format_rate, env_errors.
+
+    >>> frame = pd.DataFrame({"split": ["a"] * 4, "valid": [True] * 4, "success": [True, True, False, False],
+    ...                       "strict_success": [True, False, False, False], "boxed": [True, False, True, False]})
+    >>> row = success_summary(frame, ["split"]).iloc[0]
+    >>> int(row.n), float(row.accuracy), float(row.strict_accuracy), float(row.format_rate)
+    (4, 0.5, 0.25, 0.5)
+    """
+    rows = []
+    for key, group in episodes.groupby(by, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        valid = group[group.valid.astype(bool)]
+        n, k, strict = len(valid), int(valid.success.sum()), int(valid.strict_success.sum())
+        low, high = wilson_interval(k, n)
+        s_low, s_high = wilson_interval(strict, n)
+        accuracy = k / n if n else math.nan
+        rows.append(
+            {
+                **dict(zip(by, key)),
+                "n": n,
+                "successes": k,
+                "accuracy": accuracy,
+                "ci_low": low,
+                "ci_high": high,
+                "strict_accuracy": strict / n if n else math.nan,
+                "strict_ci_low": s_low,
+                "strict_ci_high": s_high,
+                "fallback_accuracy": accuracy,
+                "format_rate": rate(valid.boxed.astype(bool)),
+                "env_errors": int((~group.valid.astype(bool)).sum()),
+            }
+        )
+    columns = [
+        *by,
+        "n",
+        "successes",
+        "accuracy",
+        "ci_low",
+        "ci_high",
+        "strict_accuracy",
+        "strict_ci_low",
+        "strict_ci_high",
+        "fallback_accuracy",
+        "format_rate",
+        "env_errors",
+    ]
+    return pd.DataFrame(rows, columns=columns)

@@ -11,7 +11,7 @@ measures it has 13 of them, which as columns cut the headers and the figures to 
 there whole.
 
 Plots are drawn on bare `Figure`s (Agg canvas, no pyplot global state), like the run's other
-reports. The inputs are the summary table of `algo.metrics.success_summary` and, for the
+reports. The inputs are the summary table of `agent.eval_play.success_summary` and, for the
 curves, the `eval/iter_NNNN/summary.json` files of a run.
 """
 

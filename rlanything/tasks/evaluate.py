@@ -22,9 +22,9 @@ from rlanything.agent.eval_play import (
     play_split,
     rm_key,
     split_provenance,
+    success_summary,
     trained_specs,
 )
-from rlanything.algo.metrics import success_summary
 from rlanything.config import load_config
 from rlanything.debug_faults import inject_fault
 from rlanything.models.precision import precision_of

@@ -5,7 +5,8 @@ import math
 import pandas as pd
 import pytest
 
-from rlanything.algo.metrics import success_summary, wilson_interval
+from rlanything.agent.eval_play import success_summary
+from rlanything.algo.metrics import wilson_interval
 
 # By hand, z = 1.959964, z² = 3.841459:
 #  32/64: p = 0.5, z²/n = 0.0600228, centre = (0.5 + 0.0300114) / 1.0600228 = 0.5,
