@@ -47,12 +47,13 @@ def test_compact_observations_show_the_rm_the_games_words_without_the_policys_co
 
     from rlanything.agent.judging import judge_as_configured
     from rlanything.config import load_config
-    from rlanything.envs.textgame import invalid_observation, observation
+    from rlanything.envs.textgame import WORDINGS, invalid_observation, observation
     from rlanything.models.engines.transformers_engine import TransformersEngine
     from rlanything.models.loading import load_model
 
-    first = observation("Put the key in the box.", "-= Attic =-\nYou see a key.", ["look", "take key"])
-    after = invalid_observation("Put the key in the box.", "fly", ["look", "take key"])
+    shipped = WORDINGS["shipped"]
+    first = observation("Put the key in the box.", "-= Attic =-\nYou see a key.", ["look", "take key"], shipped)
+    after = invalid_observation("Put the key in the box.", "fly", ["look", "take key"], shipped)
     step = {"traj_id": 0, "task_id": "t", "step_idx": 1, "task": first, "history": [("\\boxed{look}", first)]}
     step |= {"response": "\\boxed{fly}", "observation": after, "shown_from": 0}
     engine = TransformersEngine(load_model(tiny_model_path), tiny_tokenizer, batch_size=2)
