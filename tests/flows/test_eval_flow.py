@@ -113,6 +113,14 @@ def test_the_rm_of_each_checkpoint_judges_the_held_out_episodes(evaluated_run):
                 "rm_unsolved_judged": expected["negatives"],
                 "rm_parse_rate": judged.parsed.mean(),
             }
+            last = judged.problem_idx.map(dict(zip(eps.problem_idx, eps.num_steps - 1)))
+            early = judged[judged.step_idx < last]  # the steps before each episode's last: the win message left out
+            before = outcome_prediction(
+                *(early[c].to_numpy() for c in ("problem_idx", "step_idx", "step_score", "parsed")),
+                dict(zip(eps.problem_idx, eps.outcome)),
+            )
+            expected |= {f"rm_outcome_before_last_{k}": before[k] for k in ("auroc", "auroc_low", "auroc_high")}
+            expected["rm_judged_before_last"] = before["trajectories"]
             assert {k: rows[split][k] for k in RM_MEASURES} == {
                 k: None if v != v else pytest.approx(v) for k, v in expected.items()
             }
