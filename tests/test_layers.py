@@ -406,17 +406,22 @@ LIBRARY_MODULES = [
 THIRD_PARTY = ("transformers.modeling_utils",)
 
 
-@pytest.mark.parametrize("module", LIBRARY_MODULES)
-def test_importing_the_library_changes_no_environment_variable(module):
+def test_importing_the_library_changes_no_environment_variable():
+    """Each module imported in turn in one fresh process (one start, not one per module): the
+    variables an import changed are reported under the first module whose import changed them."""
     code = (
         "import importlib, json, os, sys; "
         f"[importlib.import_module(m) for m in {THIRD_PARTY!r}]; "
-        "before = dict(os.environ); importlib.import_module(sys.argv[1]); "
-        "print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}))"
+        "changed = {}\n"
+        "for module in sys.argv[1:]:\n"
+        "    before = dict(os.environ); importlib.import_module(module)\n"
+        "    diff = {k: v for k, v in os.environ.items() if before.get(k) != v}\n"
+        "    changed.update({module: diff} if diff else {})\n"
+        "print(json.dumps(changed))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "HF_", "TRANSFORMERS_"))}
     out = subprocess.run(
-        [sys.executable, "-c", code, module],
+        [sys.executable, "-c", code, *LIBRARY_MODULES],
         env={**env, "PYTHONPATH": str(PACKAGE.parent)},
         capture_output=True,
         text=True,

@@ -41,10 +41,14 @@ from rlanything.reports.experiment_report import FIGURES, at_budget, iteration_h
 from rlanything.storage.layout import RunLayout
 
 NAME = "abl"
+# Shorter generations than tiny.yaml's (16 policy, 8 RM tokens): nothing here reads what a model
+# wrote, only that each arm ran, judged, was evaluated and compared. The RM still reasons, then
+# gives its constrained verdict.
+SHORT = ["policy.max_new_tokens=4", "rm.max_new_tokens=2"]
 
 
 def _args(root: Path, small_overrides: list[str], seeds: int = 1) -> list[str]:
-    sets = [f"run.root={root}", "eval.problems=2", *small_overrides]
+    sets = [f"run.root={root}", "eval.problems=2", *SHORT, *small_overrides]
     return [
         "experiment",
         "ablation",
@@ -164,16 +168,24 @@ def test_an_arm_trains_until_its_minutes_are_up_and_is_compared_at_its_checkpoin
 
 def test_a_wall_time_budget_holds_when_an_experiment_is_extended_to_it(prefect_server, small_overrides, tmp_path):
     """One iteration per arm measures each arm's iteration; the same experiment extended to a
-    budget of 2.5 such iterations of the slower arm must run every arm on while its training is
+    budget of 1.5 such iterations of the slower arm must run every arm on while its training is
     under the budget (so its last iteration ends past it), evaluate the iteration that had ended
     when the budget was up, and compare the arm there: its minutes, its held-out numbers. The
     rules before this one stopped on a predicted iteration length and ended arms up to half an
-    iteration over or a whole one short of the budget."""
+    iteration over or a whole one short of the budget. (1.5, not more: the policy-only arm's
+    iterations are several times shorter than the +RM arm's, so it already runs several.)"""
     arms, name = ["policy-only", "plus-rm"], "budget"
-    sets = [f"run.root={tmp_path}", "eval.problems=2", "eval.every=100", "run.keep_checkpoints=1", *small_overrides]
+    sets = [
+        f"run.root={tmp_path}",
+        "eval.problems=2",
+        "eval.every=100",
+        "run.keep_checkpoints=1",
+        *SHORT,
+        *small_overrides,
+    ]
     ablation_flow(TINY, name, sets, seeds=1, iterations=1, arms=arms)
     first = {arm: iteration_history(tmp_path / f"{name}-{arm}-s0").wall_time_s.tolist() for arm in arms}
-    budget_s = 2.5 * max(t for ends in first.values() for t in ends)
+    budget_s = 1.5 * max(t for ends in first.values() for t in ends)
     ablation_flow(TINY, name, sets, seeds=1, budget_minutes=budget_s / 60, arms=arms)
 
     records = {r["arm"]: r for r in json.loads((tmp_path / "experiments" / name / "comparison.json").read_text())}
@@ -201,7 +213,7 @@ def test_experiments_that_differ_in_their_seeds_compare_as_one(prefect_server, s
     """Seeds run as separate experiments (one at a time, for memory) pool into one comparison:
     the same numbers as one experiment with both seeds (each seed's held-out successes summed),
     and experiments that differ in more than their seeds, or share a seed, are refused."""
-    sets = [f"run.root={tmp_path}", "eval.problems=2", *small_overrides]
+    sets = [f"run.root={tmp_path}", "eval.problems=2", *SHORT, *small_overrides]
     for seed in (0, 1):
         ablation_flow(TINY, f"cmp-s{seed}", [*sets, f"run.seed={seed}"], seeds=1, iterations=1, arms=["policy-only"])
     folders = [tmp_path / "experiments" / f"cmp-s{seed}" for seed in (0, 1)]

@@ -5,9 +5,13 @@ through the real training flow (Prefect, MLflow, Parquet). Each claim has a cont
 breaks exactly the part it checks, so a test that always passed would be caught:
 
 * policy: greedy accuracy on held-out problems rises by a clear margin; with the advantage sign
-  flipped it does not rise. The flip is this test's own fault: the flows run their steps in this
-  process, so `signed_policy_advantages` wraps the advantages step's `compute_samples` and scales
-  its policy rows by -1, and the learning run goes through the very same wrapper with +1;
+  flipped it does not rise. Both runs are the policy-only arm, no RM in the loop: with
+  tiny-learn.yaml's λ 0 the policy's reward is the outcome alone, so an RM judging and training
+  beside it would leave the policy's run as it is (tests/agent/test_advantage_rows.py: λ 0 is the
+  outcome-only baseline), at half the time. The flip is this test's own fault: the flows run their
+  steps in this process, so `signed_policy_advantages` wraps the advantages step's
+  `compute_samples` and scales its policy rows by -1, and the learning run goes through the very
+  same wrapper with +1;
 * reward model: with the policy held fixed (so the outcomes keep one distribution), the RM's
   agreement with the outcomes (`rm/agreement`) rises when the RM trains, not when it is frozen
   (`rm.optim.frozen`). Both RM runs play the very same episodes: only the RM differs.
@@ -96,19 +100,16 @@ def assert_every_iteration_signed(layout: RunLayout, computed: list[pd.DataFrame
         assert on_disk.advantage.to_numpy() == pytest.approx(expected)  # float32 on disk
 
 
+# the policy-only arm: no RM judges or trains, the outcome alone teaches (config._check_no_rm)
+NO_RM = ["rm.judgments_per_step=0", "algo.lam=0", "rm.optim.frozen=true", "adapt.enabled=false"]
+
+
 def test_policy_learns(prefect_server, tmp_path, monkeypatch):
     computed = signed_policy_advantages(monkeypatch, +1)  # the control's wrapper, the sign left alone
-    base, last = policy_curve(tmp_path, "learn")
+    base, last = policy_curve(tmp_path, "learn", NO_RM)
     assert last - base >= POLICY_MARGIN
-    assert_every_iteration_signed(RunLayout(tmp_path / "learn"), computed, +1)
-
-
-def test_policy_learns_with_no_rm_in_the_loop(prefect_server, tmp_path):
-    # the policy-only arm without its RM (rm.judgments_per_step 0): the outcome alone teaches
-    no_rm = ["rm.judgments_per_step=0", "algo.lam=0", "rm.optim.frozen=true", "adapt.enabled=false"]
-    base, last = policy_curve(tmp_path, "no-rm", no_rm)
-    assert last - base >= POLICY_MARGIN
-    layout = RunLayout(tmp_path / "no-rm")
+    layout = RunLayout(tmp_path / "learn")
+    assert_every_iteration_signed(layout, computed, +1)
     for i in (0, 1):  # nothing was judged, and every trainable step was a policy sample
         assert read_artifact(layout, i, "judgments").empty
         samples, outcomes = read_artifact(layout, i, "advantages"), read_artifact(layout, i, "outcomes")
@@ -119,7 +120,7 @@ def test_policy_learns_with_no_rm_in_the_loop(prefect_server, tmp_path):
 
 def test_policy_with_flipped_advantages_does_not_learn(prefect_server, tmp_path, monkeypatch):
     computed = signed_policy_advantages(monkeypatch, -1)
-    base, last = policy_curve(tmp_path, "flipped", ["rm.optim.frozen=true"])
+    base, last = policy_curve(tmp_path, "flipped", NO_RM)  # the learning run's, but for the sign
     assert last - base < NOISE
     assert_every_iteration_signed(RunLayout(tmp_path / "flipped"), computed, -1)
 

