@@ -41,8 +41,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlanything.models.engines.decode import kv_bytes_per_token
 from rlanything.models.engines.generation import finish
+from rlanything.models.footprint import kv_bytes_per_token
 
 INSTALL = {"ctranslate2": "pip install ctranslate2", "openvino_genai": "pip install openvino-genai"}
 OV_PROPERTIES = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}

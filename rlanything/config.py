@@ -57,6 +57,19 @@ class RunConfig(_Section):
     (what the next iteration and a resume read); older checkpoints are deleted once an iteration
     is done. None keeps every checkpoint with its optimizer state. Not in the run's digest: it
     changes no file a step writes."""
+    memory_gb: float | None = Field(None, gt=0)
+    """GiB of resident memory each process of the run may hold (rlanything/memory.py); None: half
+    the machine's, which leaves room for a second run. The engines and the update size their work
+    to what it leaves: rows decoded or scored together, the update's micro-batches (cut by tokens
+    below `optim.micro_batch_size`), and the KV kept between calls (`kv_reuse_gb`, at most a
+    quarter of it). A sequence too long to fit alone fails at once with an error naming this
+    setting. Not in the run's digest: where it binds it moves log-probs in their last bits (other
+    batch mates), as `shards` does."""
+    plots: bool = True
+    """Draw curves.png, tasks.png and iteration.png into every iteration's folder and MLflow
+    (rlanything/reports/iteration_report.py): about 1.2 s an iteration on 2 CPU cores, a third of
+    a tiny one. Off: only the markdown views (summary.md, samples.md). Not in the run's digest: no
+    step writes them."""
     mlflow_uri: str | None = None
     """MLflow tracking URI; default `sqlite:///<root>/mlflow.db`."""
     experiment: str = "rlanything"
@@ -664,11 +677,12 @@ class Config(_Section):
     def digest(self) -> str:
         """Stable hash of what determines a run's artifacts (part of every step's cache key).
         `run.iterations` is left out: extending a run must not invalidate finished steps; so are
-        `run.step_deployments`, `run.keep_checkpoints`, `run.executor` (and its Ray settings) and
+        `run.step_deployments`, `run.keep_checkpoints`, `run.memory_gb`, `run.plots`, `run.executor` (and its Ray settings) and
         `eval`: where a step runs, how many old
         checkpoints stay and how checkpoints are evaluated change none of its files."""
         data = self.to_dict()
         del data["run"]["iterations"], data["run"]["step_deployments"], data["run"]["keep_checkpoints"]
+        del data["run"]["memory_gb"], data["run"]["plots"]  # how much is taken at once; the figures
         for key in ("executor", "ray_address", "ray_workers", "shards"):  # where and in what slices it generates
             del data["run"][key]
         data.pop("eval")  # evaluation reads checkpoints; it changes none of training's files

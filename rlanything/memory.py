@@ -1,18 +1,70 @@
-"""The peak memory of this process over a stretch of work, from Linux's own counter.
+"""The peak memory of this process over a stretch of work, from Linux's own counter, and the
+budget it must stay under (`run.memory_gb`).
 
 `/proc/self/status` keeps VmHWM, the most resident memory the process has held; writing "5" to
 `/proc/self/clear_refs` sets it back to the present RSS (kernel docs, proc(5)). So a step can
 report its own peak: `reset_peak()` before, `peak_gb()` after. Elsewhere (no procfs, or a kernel
 that refuses the write) the peak is the process's whole life so far, and `reset_peak` says so by
 returning False. Work done in child processes (a `train.launch` update) is not counted.
+
+The budget is the process's: a run's steps set it once they have read their config
+(`set_budget`), and the code that decides how much to take at once asks how much is left of it
+(`headroom_bytes`: the budget less the resident memory now): the engines' rows decoded and scored
+together, the update's micro-batches. What cannot fit (one sequence too long for the budget) is a
+`MemoryBudgetError` that names the setting, raised before the work, never the kernel's kill.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
+import psutil
+
 STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+SETTING = "run.memory_gb"
+_budget: list[float] = [float("inf")]  # bytes; unbounded until a run sets it
+
+
+class MemoryBudgetError(RuntimeError):
+    """Work that cannot fit in the process's memory budget, even one piece at a time."""
+
+
+def default_gb() -> float:
+    """The budget of `run.memory_gb: null`: half the machine's memory, which leaves room for a
+    second run beside this one. 24 GiB machine -> 12.0."""
+    return psutil.virtual_memory().total / 2**31
+
+
+def set_budget(gb: float | None) -> float:
+    """This process's budget, in GiB (None: `default_gb`) -> in bytes."""
+    _budget[0] = (default_gb() if gb is None else gb) * 2**30
+    return _budget[0]
+
+
+def budget_bytes() -> float:
+    """The process's budget in bytes; inf where none was set (library use outside a run)."""
+    return _budget[0]
+
+
+def rss_bytes() -> int:
+    """The process's resident memory now."""
+    return psutil.Process(os.getpid()).memory_info().rss
+
+
+def headroom_bytes() -> float:
+    """What the budget leaves now: the budget less the resident memory (inf without a budget;
+    negative when the process is already over it)."""
+    return _budget[0] - rss_bytes() if _budget[0] != float("inf") else float("inf")
+
+
+def over_budget(what: str, need_bytes: float) -> MemoryBudgetError:
+    """The one-line error of work that cannot be cut small enough: what, how much, the setting."""
+    return MemoryBudgetError(
+        f"{what} needs ~{need_bytes / 2**30:.2f} GiB beyond the {rss_bytes() / 2**30:.2f} GiB this process holds, "
+        f"more than {SETTING} {_budget[0] / 2**30:.2f} leaves: raise {SETTING} or shorten the sequences"
+    )
 
 
 def reset_peak() -> bool:

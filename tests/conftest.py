@@ -85,13 +85,15 @@ def prefect_api_url(prefect_server) -> str:
 
 @pytest.fixture(scope="session")
 def small_overrides() -> list[str]:
-    """configs/tiny.yaml at its smallest: 2 problems × 2 rollouts, rule-based rewrites."""
+    """configs/tiny.yaml at its smallest: 2 problems × 2 rollouts, rule-based rewrites, and no
+    figures (`run.plots`: a third of a tiny iteration; the runs that show them turn them on)."""
     return [
         "env.num_problems=2",
         "policy.tasks_per_iteration=2",
         "policy.group_size=2",
         "adapt.rewriter=rule",
         "adapt.critic=extractive",
+        "run.plots=false",
     ]
 
 
@@ -102,7 +104,8 @@ def small_run(prefect_server, tmp_path_factory, small_overrides) -> dict:
     from rlanything.flows.training import train_flow
 
     root = tmp_path_factory.mktemp(SESSION_SCRATCH + "small-run")
-    return train_flow(str(REPO / "configs" / "tiny.yaml"), [f"run.root={root}", "run.name=small", *small_overrides], 2)
+    overrides = [f"run.root={root}", "run.name=small", *small_overrides, "run.plots=true"]  # tests/reports read them
+    return train_flow(str(REPO / "configs" / "tiny.yaml"), overrides, 2)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlanything import memory
 from rlanything.config import Config, load_config
 from rlanything.models.engines.make import make_engine
 from rlanything.models.engines.ray_engine import make_ray_engine
@@ -16,8 +17,11 @@ from rlanything.storage.layout import RunLayout
 
 
 def open_run(run_dir: str) -> tuple[Config, RunLayout]:
+    """The run's config and layout; the process takes the run's memory budget (`run.memory_gb`)."""
     layout = RunLayout(Path(run_dir))
-    return load_config(layout.config), layout
+    config = load_config(layout.config)
+    memory.set_budget(config.run.memory_gb)
+    return config, layout
 
 
 def saved_models(config: Config) -> tuple[str, ...]:

@@ -99,6 +99,7 @@ def update_job(
         total_steps=optim.total_steps or config.run.iterations * optim.epochs * optim.updates_per_iteration,
         min_lr_ratio=optim.min_lr_ratio,
         device=section.device,
+        memory_gb=config.run.memory_gb,
         extra={"kind": kind, "iteration": iteration},
     )
 

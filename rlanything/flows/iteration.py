@@ -84,9 +84,8 @@ def _record(layout: RunLayout, iteration: int, metrics: dict[str, float], states
     tracking.log_metrics(config.mlflow_uri, run_id, metrics, step=iteration)
     summary = layout.iter_dir(iteration) / "summary.json"
     write_text(json.dumps({"iteration": iteration, **metrics}, indent=2, sort_keys=True), summary)
-    views = write_reports(layout, iteration, states, config.algo.band)
+    views = write_reports(layout, iteration, states, config.algo.band, config.run.plots)
     tracking.log_artifacts(config.mlflow_uri, run_id, [summary, *views], f"iter_{iteration:04d}")
-    tracking.log_artifacts(
-        config.mlflow_uri, run_id, views[:2], None
-    )  # the latest curves and tasks plot on the run's front page
+    fronts = [view for view in views[:2] if view.suffix == ".png"]  # the latest curves and tasks plots
+    tracking.log_artifacts(config.mlflow_uri, run_id, fronts, None)  # on the run's front page
     write_text("done\n", layout.iteration_done(iteration))

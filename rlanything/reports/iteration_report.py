@@ -369,14 +369,18 @@ def render_trajectories(layout: RunLayout, iteration: int, count: int = 3) -> st
     return "\n".join(lines) + "\n"
 
 
-def write_reports(layout: RunLayout, iteration: int, states: dict[str, str], band: tuple[float, float]) -> list[Path]:
-    """Write curves.png, iteration.png, tasks.png, summary.md and samples.md into iter_NNNN/
-    (after its summary.json); returns their paths for MLflow, the run-level plots first."""
+def write_reports(
+    layout: RunLayout, iteration: int, states: dict[str, str], band: tuple[float, float], plots: bool
+) -> list[Path]:
+    """Write curves.png, tasks.png, iteration.png (with `plots`), summary.md and samples.md into
+    iter_NNNN/ (after its summary.json); returns their paths for MLflow, the run-level plots first."""
     folder = layout.iter_dir(iteration)
     history = metric_history(layout, iteration)
     summary, samples = folder / "summary.md", folder / "samples.md"
     write_text(summary_markdown(layout, iteration, history, states), summary)
     write_text(render_trajectories(layout, iteration), samples)
+    if not plots:
+        return [summary, samples]
     tasks = plot_tasks(adaptation_history(layout, iteration), band, folder / "tasks.png")
     return [
         plot_curves(history, folder / "curves.png"),

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 from prefect import task
 
+from rlanything import memory
 from rlanything.agent.eval_judge import PROCESS_MEASURES, eval_contexts, held_out_labels, judge_split, rm_measures
 from rlanything.agent.eval_play import (
     earlier_split,
@@ -61,6 +62,7 @@ def evaluate_split(
     (`agent.eval_play.earlier_split`); the returned `provenance` says which."""
     inject_fault("eval", BASE_ITERATION if iteration is None else iteration, "start")
     config = load_config(config_path, overrides)
+    memory.set_budget(config.run.memory_gb)
     specs, dropped = heldout_problems(config.env, split, config.eval.problems, config.run.seed, trained_specs(run_dir))
     # the run's generation precisions (its precision.json), or resolved here for a bare model
     precision = {name: precision_of(config, name, run_dir=run_dir) for name in ("policy", "rm")}

@@ -44,7 +44,8 @@ def train(root: Path, name: str, overrides: list[str]) -> tuple[RunLayout, list[
     """A run of tiny-learn.yaml -> its layout and every iteration's summary."""
     from rlanything.flows.training import train_flow
 
-    result = train_flow(str(CONFIG), [f"run.root={root}", f"run.name={name}", f"run.seed={SEED}", *overrides])
+    sets = [f"run.root={root}", f"run.name={name}", f"run.seed={SEED}", "run.plots=false", *overrides]  # no reader
+    result = train_flow(str(CONFIG), sets)
     layout = RunLayout(Path(result["run_dir"]))
     summaries = [json.loads((layout.iter_dir(i) / "summary.json").read_text()) for i in range(result["iterations"])]
     return layout, summaries

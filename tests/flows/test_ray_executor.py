@@ -121,7 +121,7 @@ def stop_session(head: subprocess.Popen) -> None:
 def train(root: Path, name: str, overrides: list[str]) -> RunLayout:
     from rlanything.flows.training import train_flow
 
-    result = train_flow(TINY, [f"run.root={root}", f"run.name={name}", "run.seed=3", *overrides], 2)
+    result = train_flow(TINY, [f"run.root={root}", f"run.name={name}", "run.seed=3", "run.plots=false", *overrides], 2)
     return RunLayout(Path(result["run_dir"]))
 
 
@@ -219,7 +219,9 @@ def test_a_ray_client_address_drives_the_same_workers(local_run, ray_cluster, pr
     ray_engine.shutdown()
     args = ["train", "-c", TINY, "-n", "2", "--set", f"run.root={tmp_path}", "--set", "run.name=client"]
     args += [
-        a for o in ["run.seed=3", "run.executor=ray", f"run.ray_address={CLIENT[ray_cluster]}"] for a in ("--set", o)
+        a
+        for o in ["run.seed=3", "run.plots=false", "run.executor=ray", f"run.ray_address={CLIENT[ray_cluster]}"]
+        for a in ("--set", o)
     ]
     proc = cli(args, prefect_api_url)
     out = finish(proc)

@@ -87,7 +87,9 @@ def test_deployment_started_from_the_prefect_ui_completes_and_its_plots_show_in_
         status = rlanything("server", "status", "--root", str(root), env=env, timeout=60).stdout
         assert status.count("running") == 2 and status.count("answering") == 2 and "NOT" not in status, status
 
-        sets = [a for o in [f"run.root={root}", "run.name=served", *small_overrides] for a in ("--set", o)]
+        sets = [
+            a for o in [f"run.root={root}", "run.name=served", *small_overrides, "run.plots=true"] for a in ("--set", o)
+        ]
         serve = subprocess.Popen(
             [
                 sys.executable,

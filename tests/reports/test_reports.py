@@ -144,3 +144,17 @@ def test_the_inspection_notebook_runs_against_a_tiny_run(small_run, monkeypatch)
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 4  # the plots were drawn inline
     text = "".join(o.get("text", "") for o in outputs)
     assert "2 finished iteration(s)" in text and "status FINISHED" in text
+
+
+def test_without_plots_only_the_markdown_views_are_written(small_run, tmp_path):
+    """`run.plots: false` (what most tests' runs use, for time): summary.md and samples.md, no PNG."""
+    import shutil
+
+    from rlanything.reports.iteration_report import write_reports
+
+    run = Path(shutil.copytree(small_run["run_dir"], tmp_path / "small"))
+    for png in run.rglob("*.png"):
+        png.unlink()
+    views = write_reports(RunLayout(run), 1, {}, (0.2, 0.8), plots=False)
+    assert [v.name for v in views] == ["summary.md", "samples.md"] and all(v.stat().st_size for v in views)
+    assert not list(run.rglob("*.png"))

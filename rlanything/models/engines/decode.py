@@ -82,13 +82,6 @@ def full_attention(config) -> bool:
     return all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers)
 
 
-def kv_bytes_per_token(config, element_size: int) -> int:
-    """Bytes of keys and values one token takes in a full-attention cache, all layers together."""
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * heads * dim * element_size
-
-
 def uniforms(seed: int, index: int, n: int) -> torch.Tensor:
     """Row `index`'s sampling noise for a call with `seed`: n uniforms in [0, 1) (the seed rule)."""
     return torch.from_numpy(np.random.default_rng([seed % 2**63, index]).random(n))

@@ -14,9 +14,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from rlanything.models.engines.decode import Decoder, kv_bytes_per_token
+from rlanything.models.engines.decode import Decoder
 from rlanything.models.engines.generation import PrefixCache, left_pad
 from rlanything.models.engines.prefix_attention import SharedPrefix, forward
+from rlanything.models.footprint import kv_bytes_per_token
 from rlanything.models.training.packing import PrefixTree, pack, tree_inputs
 
 

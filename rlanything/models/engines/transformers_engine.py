@@ -20,12 +20,13 @@ import psutil
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from rlanything import stopping
+from rlanything import memory, stopping
 from rlanything.algo.losses import token_logprobs
-from rlanything.models.engines.decode import Decoder, full_attention, kv_bytes_per_token, positions
+from rlanything.models.engines.decode import Decoder, full_attention, positions
 from rlanything.models.engines.generation import Generation, eos_ids, finish, left_pad
 from rlanything.models.engines.kv_planner import KvPlanner
 from rlanything.models.engines.prefix_attention import SharedPrefix, shared_prefix_attention
+from rlanything.models.footprint import forward_bytes, kv_bytes_per_token
 from rlanything.models.training.packing import packed_response_logprobs
 
 MIN_SHARED = 8  # a call's prompts sharing fewer leading tokens decode without a SharedPrefix
@@ -129,17 +130,50 @@ class TransformersEngine:
         return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
 
     def rows_at_once(self, longest: int) -> int:
-        """How many rows decode together: `batch_size`, fewer if their KV cache (each row
-        `longest` tokens) and logits would take more than a quarter of the free memory of the
-        model's device (`torch.cuda.mem_get_info`; on the CPU, psutil's available memory)."""
+        """How many rows decode together: `batch_size`, fewer if their memory would take more
+        than a quarter of the free memory of the model's device (`torch.cuda.mem_get_info`; on
+        the CPU, psutil's available memory) or, on the CPU, more than the process's memory budget
+        leaves (`memory.headroom_bytes`). A row's memory: its KV cache and its admission
+        forward (`longest` tokens each, models/footprint.py) and its sampling logits.
+        MemoryBudgetError where the budget leaves room for no row at all."""
         config = self.model.config
         size = next(self.model.parameters()).element_size()
-        per_row = kv_bytes_per_token(config, size) * longest + 16 * config.vocab_size
+        per_row = kv_bytes_per_token(config, size) * longest + forward_bytes(config, 1, longest, 1, False)
         if self.model.device.type == "cuda":
-            free = torch.cuda.mem_get_info(self.model.device)[0]
-        else:
-            free = psutil.virtual_memory().available
-        return max(1, min(self.batch_size, int(free / 4 // per_row)))
+            return max(1, min(self.batch_size, int(torch.cuda.mem_get_info(self.model.device)[0] / 4 // per_row)))
+        headroom = memory.headroom_bytes()
+        if headroom < per_row:
+            raise memory.over_budget(f"decoding one row of {longest} tokens", per_row)
+        free = min(psutil.virtual_memory().available / 4, headroom)
+        return max(1, min(self.batch_size, int(free // per_row)))
+
+    def _scoring_batches(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[int]]:
+        """`score`'s batches: `batch_size` prompts in order of length, each cut further (on the
+        CPU) where its forward would take more than the memory budget leaves, counted as a
+        left-padded batch (an upper bound of its packed forward). MemoryBudgetError where one
+        sequence alone does not fit."""
+        if self.model.device.type == "cuda":
+            return self._batches(prompts)
+
+        def need(rows: list[int]) -> int:
+            width = max(len(prompts[i]) + len(continuations[i]) for i in rows)
+            kept = sum(len(continuations[i]) + 1 for i in rows)
+            return forward_bytes(self.model.config, len(rows), width, kept, False)
+
+        batches = []
+        for idx in self._batches(prompts):
+            headroom, batch = memory.headroom_bytes(), []
+            for i in idx:
+                if need([i]) > headroom:
+                    raise memory.over_budget(
+                        f"scoring a sequence of {len(prompts[i]) + len(continuations[i])} tokens", need([i])
+                    )
+                if batch and need([*batch, i]) > headroom:
+                    batches.append(batch)
+                    batch = []
+                batch.append(i)
+            batches.append(batch)
+        return batches
 
     @property
     def decodes_choices(self) -> bool:
@@ -210,6 +244,9 @@ class TransformersEngine:
             n += 1
         if n < MIN_SHARED:
             return None
+        need = kv_bytes_per_token(self.model.config, 4) * n + forward_bytes(self.model.config, 1, n, 1, False)
+        if self.model.device.type == "cpu" and need > memory.headroom_bytes():
+            raise memory.over_budget(f"the {n} tokens every prompt shares", need)
         cache = DynamicCache(config=self.model.config)
         ids = torch.tensor([shortest[:n]], device=self.model.device)
         self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
@@ -249,7 +286,7 @@ class TransformersEngine:
     @torch.no_grad()
     def score(self, prompts, continuations, *, temperature, prefix_cache=None):
         out: list[list[float] | None] = [None] * len(prompts)
-        for idx in self._batches(prompts):
+        for idx in self._scoring_batches(prompts, continuations):
             stopping.check()
             seqs = [prompts[i] + continuations[i] for i in idx]
             lens = [len(continuations[i]) for i in idx]

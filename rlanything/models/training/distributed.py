@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from rlanything import procs
+from rlanything import memory, procs
 from rlanything.algo.schedule import learning_rate
 from rlanything.models.loading import ADAPTER_DIR, load_model, resolve_device
 from rlanything.models.precision import ACCELERATE_PRECISION
@@ -91,6 +91,7 @@ class UpdateJob:
     tis_cap: float | None = None  # truncated importance sampling against the sampler (algo.tis_cap)
     anchor: str | None = None  # the run's starting weights, for the anchor KL (optim.anchor_beta)
     anchor_beta: float = 0.0
+    memory_gb: float | None = None  # run.memory_gb: the budget of each process of a launched update
     extra: dict = field(default_factory=dict)  # free-form notes (kind, iteration) for logs
 
 
@@ -389,6 +390,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(args) != 1:
         raise SystemExit("usage: [accelerate launch ...] -m rlanything.models.training.distributed JOB.json")
     job, samples = read_job(Path(args[0]))
+    memory.set_budget(job.memory_gb)  # each process of the launch holds the run's budget
     history = run_update(job, samples, backend="accelerate")
     if _rank_world()[0] == 0:
         Path(f"{args[0]}.history.json").write_text(json.dumps(history))

@@ -16,6 +16,8 @@ bf16 autocast; the weights and AdamW stay fp32. With `anchor_beta` each sample a
 run's starting weights' log-probs (`with_anchor_logprobs`) and the loss adds a k3 KL towards
 them (our departure, `optim.anchor_beta`). The paper takes one pass; more
 (`optim.epochs`) reuse each generated token, the clip keeping later passes near the sampler.
+A micro-batch holds up to `micro_batch_size` samples, fewer where their forward would take more
+than the process's memory budget leaves (`micro_batches`): the same gradient, summed in more parts.
 
 Where the arithmetic runs is a small seam, `TrainBackend`: `TorchBackend` (one process, plain
 autograd, the default) or `rlanything.models.training.distributed.AccelerateBackend` (DDP or DeepSpeed
@@ -36,9 +38,11 @@ from typing import Protocol
 
 import torch
 
+from rlanything import memory
 from rlanything.algo.losses import masked_sequence_mean, ppo_clip_loss
 from rlanything.algo.mismatch import REPORT_CAP, mismatch_measures, tis_weights
-from rlanything.models.training.packing import packed_response_logprobs
+from rlanything.models.footprint import forward_bytes
+from rlanything.models.training.packing import pack, packed_response_logprobs
 
 
 @dataclass
@@ -224,8 +228,7 @@ def teacher_forced_logprobs(
     was_training = model.training
     model.eval()
     with torch.no_grad(), autocast:
-        for start in range(0, len(order), micro_batch_size):
-            idx = order[start : start + micro_batch_size]
+        for idx in micro_batches(model, samples, order, micro_batch_size, training=False):
             micro = [samples[i] for i in idx]
             lens = [s.response_len for s in micro]
             logprobs, _ = packed_response_logprobs(model, [s.input_ids for s in micro], lens, pad_id, temperature)
@@ -251,6 +254,37 @@ def with_anchor_logprobs(
     (`teacher_forced_logprobs`), for the anchor KL (`optim.anchor_beta`)."""
     theirs = teacher_forced_logprobs(anchor, samples, pad_id, temperature, micro_batch_size, autocast)
     return [replace(s, anchor_logprobs=lp) for s, lp in zip(samples, theirs)]
+
+
+def micro_batches(model, samples: list[Sample], order: list[int], size: int, training: bool) -> list[list[int]]:
+    """`order` (sample indices) in runs of `size`, each cut further where its packed forward
+    (prefix trees, `packing.pack`) would take more than the memory budget leaves now
+    (`memory.headroom_bytes`, `footprint.forward_bytes`). MemoryBudgetError where one sample
+    alone does not fit. [0..5], size 4, no budget -> [[0, 1, 2, 3], [4, 5]]."""
+    runs = [order[start : start + size] for start in range(0, len(order), size)]
+    headroom = memory.headroom_bytes()
+    if headroom == float("inf"):
+        return runs
+    config = getattr(model, "module", model).config  # DDP and DeepSpeed wrap the model
+
+    def need(part: list[int]) -> int:
+        trees, _ = pack([samples[i].input_ids for i in part])
+        width = max(len(tree.tokens) for tree in trees)
+        return forward_bytes(config, len(trees), width, sum(samples[i].response_len for i in part), training)
+
+    out = []
+    for run in runs:
+        part: list[int] = []
+        for i in run:
+            if need([i]) > headroom:
+                what = f"{'training on' if training else 'scoring'} a sample of {len(samples[i].input_ids)} tokens"
+                raise memory.over_budget(what, need([i]))
+            if part and need([*part, i]) > headroom:
+                out.append(part)
+                part = []
+            part.append(i)
+        out.append(part)
+    return out
 
 
 def _gap(samples: list[Sample], cap: float) -> dict:
@@ -292,10 +326,11 @@ def _minibatch_step(
     measures = (*MEASURES, "anchor_kl") if anchored else MEASURES
     totals = dict.fromkeys(measures, 0.0)
     num_tokens = 0
-    for start in range(0, len(mine), micro_batch_size):
-        micro = [samples[i] for i in mine[start : start + micro_batch_size]]
+    parts = micro_batches(model, samples, mine, micro_batch_size, training=True)
+    for k, part in enumerate(parts):
+        micro = [samples[i] for i in part]
         weight = len(micro) * share
-        with backend.accumulate(model, sync=start + micro_batch_size >= len(mine)):
+        with backend.accumulate(model, sync=k == len(parts) - 1):
             loss, stats = _micro_batch_loss(model, micro, **loss_args)
             backend.backward(loss * (weight * world))  # all-reduce averages over processes
         for key in measures:

@@ -1,0 +1,119 @@
+"""The memory budget (`run.memory_gb`, rlanything/memory.py) holds: a PPO update and a scoring
+call on a tiny model whose single micro-batch would peak far above a small budget stay under it
+once it is set, compute the same numbers, and work that cannot fit alone fails before it starts
+with an error naming the setting.
+
+The cases run in one fresh process, each measuring its own peak resident memory (VmHWM reset). The
+tiny model's 49,152-token vocabulary makes the logits the large part: 16 samples of 160 response
+tokens keep 2,560 positions, 0.47 GiB of fp32 logits per copy.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rlanything import memory
+
+BUDGET_GB = 1.0
+MARGIN_GB = 0.25  # what a process may pass its budget by (docs/scaling.md, "Memory")
+
+CASES = r"""
+import json, sys, torch
+from rlanything import memory
+from rlanything.models.engines.transformers_engine import TransformersEngine
+from rlanything.models.loading import load_model, load_tokenizer, resolve_model_path
+from rlanything.models.training.trainer import Sample, make_optimizer, ppo_update
+
+path = resolve_model_path("builtin:tiny-random")
+tokenizer = load_tokenizer(path)
+g = torch.Generator().manual_seed(0)
+seqs = [torch.randint(5, 4000, (16 + 160,), generator=g).tolist() for _ in range(16)]
+samples = [Sample(s, 160, [-1.0] * 160, (-1.0) ** k) for k, s in enumerate(seqs)]
+
+def case(what, budget):
+    model = load_model(path)
+    memory._budget[0] = float("inf") if budget is None else budget * 2**30
+    memory.reset_peak()
+    if what == "score":
+        engine = TransformersEngine(model, tokenizer, batch_size=16)
+        out = engine.score([s[:16] for s in seqs], [s[16:] for s in seqs], temperature=1.0)
+        return {"peak_gb": memory.peak_gb(), "out": out}
+    opt = make_optimizer(model, lr=1e-3, weight_decay=0.0)
+    try:
+        ppo_update(model, opt, samples, pad_id=tokenizer.pad_token_id, temperature=1.0, clip_eps=0.2,
+                   kl_beta=0.01, grad_clip=1.0, updates=1, micro_batch_size=16, seed=0)
+    except memory.MemoryBudgetError as e:
+        return {"error": str(e), "unchanged": torch.equal(model.lm_head.weight, load_model(path).lm_head.weight)}
+    return {"peak_gb": memory.peak_gb(), "out": [p.detach().flatten()[:256].tolist() for p in model.parameters()]}
+
+# bounded first: memory an unbounded case freed may stay in the process (the allocator keeps it)
+order = [("update", BUDGET), ("score", BUDGET), ("update", None), ("score", None), ("update", 0.3)]
+print(json.dumps({f"{what} {budget}": case(what, budget) for what, budget in order}))
+"""
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict:
+    """Every case in one fresh process (one start of Python and torch): "update 1.0", "score
+    1.0", "update None", "score None", "update 0.3" -> their peaks and outputs, or the error."""
+    code = CASES.replace("BUDGET", repr(BUDGET_GB))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("what", ["update", "score"])
+def test_a_small_budget_holds_and_changes_no_number(cases, what):
+    free, bounded = cases[f"{what} None"], cases[f"{what} {BUDGET_GB}"]
+    print(f"{what}: peak {free['peak_gb']:.2f} GiB unbounded, {bounded['peak_gb']:.2f} GiB under {BUDGET_GB}")
+    assert free["peak_gb"] > BUDGET_GB + MARGIN_GB  # the case would break the budget: the test can fail
+    assert bounded["peak_gb"] <= BUDGET_GB + MARGIN_GB
+    for mine, theirs in zip(bounded["out"], free["out"]):  # the same update or scores, summed in more parts
+        assert mine == pytest.approx(theirs, abs=1e-5)
+
+
+def test_work_that_cannot_fit_alone_fails_before_it_starts_and_names_the_setting(cases):
+    result = cases["update 0.3"]  # less than the process already holds
+    assert "run.memory_gb" in result["error"] and "training on a sample of 176 tokens" in result["error"]
+    assert result["unchanged"]  # no step was taken
+
+
+def test_the_budget_is_the_setting_or_half_the_machine():
+    try:
+        assert memory.set_budget(2.0) == 2 * 2**30
+        assert memory.headroom_bytes() == pytest.approx(2 * 2**30 - memory.rss_bytes(), abs=2**26)
+        import psutil
+
+        assert memory.set_budget(None) == psutil.virtual_memory().total / 2
+    finally:
+        memory._budget[0] = float("inf")  # this process (the suite's) runs unbounded, as before
+    assert memory.headroom_bytes() == float("inf")
+
+
+def test_decoding_takes_the_rows_the_budget_leaves_and_fails_where_none_fits(tiny_model_path, tiny_tokenizer):
+    """`rows_at_once`: a row of 4,000 tokens costs its KV, its admission forward and its logits
+    (models/footprint.py); the budget left for 3.5 such rows decodes 3 together, and a budget
+    that leaves less than one fails the call before any decoding, naming the setting."""
+    from rlanything.models.engines.transformers_engine import TransformersEngine
+    from rlanything.models.footprint import forward_bytes, kv_bytes_per_token
+    from rlanything.models.loading import load_model
+
+    model = load_model(tiny_model_path)
+    engine, config = TransformersEngine(model, tiny_tokenizer, batch_size=64), model.config
+    row = kv_bytes_per_token(config, 4) * 4000 + forward_bytes(config, 1, 4000, 1, False)
+    try:
+        memory._budget[0] = memory.rss_bytes() + 3.5 * row
+        assert engine.rows_at_once(4000) == 3
+        memory._budget[0] = memory.rss_bytes() + 0.5 * row
+        with pytest.raises(memory.MemoryBudgetError, match=r"decoding one row of 4000 tokens.*run\.memory_gb"):
+            engine.rows_at_once(4000)
+        with pytest.raises(memory.MemoryBudgetError, match="run.memory_gb"):
+            engine.generate([[5] * 3999, [6] * 3999], max_new_tokens=1, temperature=1.0, top_p=1.0, seed=0)
+        with pytest.raises(memory.MemoryBudgetError, match="the 3998 tokens every prompt shares.*run.memory_gb"):
+            engine.generate([[5] * 3999, [5] * 3999], max_new_tokens=1, temperature=1.0, top_p=1.0, seed=0)
+    finally:
+        memory._budget[0] = float("inf")
