@@ -192,3 +192,31 @@ def _tokens_fed(model):
 def tokens_fed():
     """`with tokens_fed(model) as fed:` counts the tokens each forward of `model` feeds."""
     return _tokens_fed
+
+
+@pytest.fixture
+def run_benchmark(monkeypatch, capsys):
+    """`python -m benchmarks.NAME ARGS` run in this process instead of a new one (Python, torch
+    and transformers are already imported: ~5 s less a call) -> what it printed. `env`: variables
+    set for the call (None removes one); the test's end restores them and sys.argv. One test
+    still starts a benchmark as users do (test_benchmarks.py, the CPU without bf16 units)."""
+    import importlib
+    import sys
+
+    monkeypatch.syspath_prepend(str(REPO))
+    monkeypatch.chdir(REPO)
+
+    def run(name: str, *args: str, env: dict[str, str | None] | None = None) -> str:
+        for key, value in (env or {}).items():
+            if value is None:
+                monkeypatch.delenv(key, raising=False)
+            else:
+                monkeypatch.setenv(key, value)
+        monkeypatch.setattr(sys, "argv", [f"benchmarks/{name}.py", *args])
+        capsys.readouterr()  # what the test printed before
+        code = importlib.import_module(f"benchmarks.{name}").main()  # an exit code where it returns one
+        printed = capsys.readouterr().out
+        assert not code, f"benchmarks.{name} exited {code}: {printed[-2000:]}"
+        return printed
+
+    return run

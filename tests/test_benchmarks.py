@@ -1,4 +1,7 @@
-"""The decoding-step benchmark runs as shipped (a shrunk shape, so it takes seconds): it loads the
+"""The benchmarks run in this process (`run_benchmark`, tests/conftest.py: no new interpreter to
+start) and the decoding step once as users start it, `python -m benchmarks.decode_step`.
+
+The decoding-step benchmark runs as shipped (a shrunk shape, so it takes seconds): it loads the
 shipped model in fp32 and then in bf16 (on a CPU with bf16 units), times both cache layouts in each
 and prints numbers that parse. Its timings are not checked here (speed is measured by running it, see docs/benchmarks.md),
 only that it still runs against the engine's current code and prints what the docs quote.
@@ -22,6 +25,7 @@ from rlanything.models.precision import BF16_FLAGS, FLAGS_ENV, cpu_flags
 
 REPO = Path(__file__).resolve().parents[1]
 NOT_TIMED = "bf16 not timed on this CPU: no bf16 units (neither amx_bf16 nor avx512_bf16 in the flags of {source})"
+AVX2_ONLY = "fpu sse4_2 avx fma avx2"  # the flags of a CPU without bf16 units
 BF16_FIGURES = r"bf16 ceiling|\| bf16 \||bf16 speed-up|log p bf16|^   bf16:|ours bf16"
 
 
@@ -37,122 +41,121 @@ def machine_has_bf16_units() -> bool:
         return bool(set(BF16_FLAGS) & cpu_flags())
 
 
-def decode_step(*args: str, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "benchmarks.decode_step", "--rows", "4", "--steps", "2", *args]
-    command += ["--no-ct2", "--openvino", "none"]
-    out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out
+DECODE_ARGS = ["--rows", "4", "--steps", "2", "--no-ct2", "--openvino", "none"]
 
 
-def test_decode_step_benchmark_prints_both_layouts_in_both_precisions_against_the_limit():
+def decode_step_process(*args: str, env: dict[str, str], timeout: int) -> str:
+    """The decoding-step benchmark started as users start it (`python -m benchmarks.decode_step`)."""
+    command = [sys.executable, "-m", "benchmarks.decode_step", *DECODE_ARGS, *args]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_decode_step_benchmark_prints_both_layouts_in_both_precisions_against_the_limit(run_benchmark):
     """Both precisions asked for: both timed on a CPU with bf16 units, fp32 alone (bf16 said to be
     left out) on one without."""
     precisions = ("fp32", "bf16") if machine_has_bf16_units() else ("fp32",)
-    out = decode_step("--shapes", "9:6,12:8", "--precision", "fp32,bf16", "--profile", env=machine_env(), timeout=300)
-    assert re.search(r"^   cpu .+: avx2 (yes|no), avx512f (yes|no), avx512_bf16 (yes|no), amx_bf16", out.stdout, re.M)
-    assert (NOT_TIMED.format(source="/proc/cpuinfo") in out.stdout) == (precisions == ("fp32",)), out.stdout
+    args = ["--shapes", "9:6,12:8", "--precision", "fp32,bf16", "--profile"]
+    out = run_benchmark("decode_step", *DECODE_ARGS, *args, env={FLAGS_ENV: None})
+    assert re.search(r"^   cpu .+: avx2 (yes|no), avx512f (yes|no), avx512_bf16 (yes|no), amx_bf16", out, re.M)
+    assert (NOT_TIMED.format(source="/proc/cpuinfo") in out) == (precisions == ("fp32",)), out
     for name in precisions:
-        limit = re.search(rf"{name} ceiling \d+ GFLOP/s .* limit ([\d.]+) ms", out.stdout)
-        assert limit and float(limit.group(1)) > 0, out.stdout
+        limit = re.search(rf"{name} ceiling \d+ GFLOP/s .* limit ([\d.]+) ms", out)
+        assert limit and float(limit.group(1)) > 0, out
         assert re.search(
             rf"{name}: the Linear layers alone at 4 rows: [\d.]+ ms \(\d+%\); reading the weights once: [\d.]+ ms",
-            out.stdout,
+            out,
         )
     lines = re.findall(
-        r"shared +(\d+) own +(\d+) \| (fp32|bf16) \| in rows +([\d.]+) ms .* held once +([\d.]+) ms", out.stdout
+        r"shared +(\d+) own +(\d+) \| (fp32|bf16) \| in rows +([\d.]+) ms .* held once +([\d.]+) ms", out
     )
     expected = [(s, o, p) for s, o in (("9", "6"), ("12", "8")) for p in precisions]
-    assert [line[:3] for line in lines] == expected, out.stdout
+    assert [line[:3] for line in lines] == expected, out
     assert all(float(rows) > 0 and float(once) > 0 for *_, rows, once in lines)
     for name in precisions:  # --profile: the last shape's held-once step, split into parts
-        line = re.search(
-            rf"{name}: where a held-once step of shape 12:8 goes \(ms, profiled\): (.+)$", out.stdout, re.M
-        )
+        line = re.search(rf"{name}: where a held-once step of shape 12:8 goes \(ms, profiled\): (.+)$", out, re.M)
         found = re.findall(r"([^,]+?) ([\d.]+)(?:,|$)", line.group(1).strip()) if line else []
         parts = {part.strip(): ms for part, ms in found}
-        assert {"Linear layers", "attention", "sampling (vocab-wide)", "other", "total"} <= set(parts), out.stdout
-        assert float(parts["Linear layers"]) > 0 and float(parts["sampling (vocab-wide)"]) > 0, out.stdout
+        assert {"Linear layers", "attention", "sampling (vocab-wide)", "other", "total"} <= set(parts), out
+        assert float(parts["Linear layers"]) > 0 and float(parts["sampling (vocab-wide)"]) > 0, out
         total = float(parts.pop("total"))
-        assert abs(sum(map(float, parts.values())) - total) <= 0.1 * len(parts), out.stdout
-    table = out.stdout.split("limit")[-1]
+        assert abs(sum(map(float, parts.values())) - total) <= 0.1 * len(parts), out
+    table = out.split("limit")[-1]
     assert "ct2" not in table and "openvino" not in table  # --no-ct2 --openvino none: neither column
     if precisions == ("fp32",):
-        assert not re.search(BF16_FIGURES, out.stdout, re.M), out.stdout
+        assert not re.search(BF16_FIGURES, out, re.M), out
         return
-    speedups = re.findall(r"bf16 speed-up \(fp32 ms / bf16 ms\) \| in rows ([\d.]+) \| held once ([\d.]+)", out.stdout)
-    assert len(speedups) == 2 and all(float(x) > 0 for pair in speedups for x in pair), out.stdout
+    speedups = re.findall(r"bf16 speed-up \(fp32 ms / bf16 ms\) \| in rows ([\d.]+) \| held once ([\d.]+)", out)
+    assert len(speedups) == 2 and all(float(x) > 0 for pair in speedups for x in pair), out
     mismatch = re.search(
-        r"\|log p fp32 - log p bf16\| .*\((\d+) tokens, T = 1\): mean ([\d.]+), p99 ([\d.]+), max ([\d.]+)", out.stdout
+        r"\|log p fp32 - log p bf16\| .*\((\d+) tokens, T = 1\): mean ([\d.]+), p99 ([\d.]+), max ([\d.]+)", out
     )
     # predicted tokens: the prefix's 8 once, then each row's 9 + 6 - 3 - 1 - 9 of its own
-    assert mismatch and int(mismatch.group(1)) == 8 + 4 * 2, out.stdout
+    assert mismatch and int(mismatch.group(1)) == 8 + 4 * 2, out
     mean, p99, top = map(float, mismatch.groups()[1:])
-    assert 0 < mean <= top and p99 <= top < 5, out.stdout  # bf16 rounds the logits: differs, but not wildly
+    assert 0 < mean <= top and p99 <= top < 5, out  # bf16 rounds the logits: differs, but not wildly
 
 
-def test_decode_step_benchmark_leaves_bf16_out_on_a_cpu_without_bf16_units():
+def test_decode_step_benchmark_leaves_bf16_out_on_a_cpu_without_bf16_units(run_benchmark):
     """A CPU without bf16 units (RLANYTHING_CPU_FLAGS naming an AVX2-only one): bf16 asked for is
     said not to be timed, and nothing of it runs or prints (no ceiling, no step, no mismatch):
     beside fp32 the run is a --precision fp32 run, bf16 alone exits at once."""
-    avx2_only = machine_env(**{FLAGS_ENV: "fpu sse4_2 avx fma avx2"})
+    avx2_only = machine_env(**{FLAGS_ENV: AVX2_ONLY})
     not_timed = NOT_TIMED.format(source=FLAGS_ENV)
-    both = decode_step("--shapes", "9:6", "--precision", "fp32,bf16", env=avx2_only, timeout=180)
+    both = decode_step_process("--shapes", "9:6", "--precision", "fp32,bf16", env=avx2_only, timeout=180)
     assert re.search(
         r"^   cpu .+: avx2 yes, avx512f no, avx512_bf16 no, amx_bf16 no, .*\(flags from RLANYTHING_CPU_FLAGS\)$",
-        both.stdout,
+        both,
         re.M,
     )
-    assert re.search(r"fp32 ceiling \d+ GFLOP/s", both.stdout) and re.search(r"\| fp32 \| in rows", both.stdout)
+    assert re.search(r"fp32 ceiling \d+ GFLOP/s", both) and re.search(r"\| fp32 \| in rows", both)
     flags = re.compile(r"\b(avx512_bf16|amx_bf16)\b")  # the cpu line names them
-    said = [line for line in both.stdout.splitlines() if "bf16" in flags.sub("", line)]  # the header and the skip
-    assert len(said) == 2 and said[0].endswith("limit, fp32 and bf16") and not_timed in said[1], both.stdout
-    assert not re.search(BF16_FIGURES, both.stdout, re.M), both.stdout
-    alone = decode_step("--shapes", "9:6", "--precision", "bf16", env=avx2_only, timeout=120)
-    assert not_timed in alone.stdout and "ceiling" not in alone.stdout and "Linear layers" not in alone.stdout
+    said = [line for line in both.splitlines() if "bf16" in flags.sub("", line)]  # the header and the skip
+    assert len(said) == 2 and said[0].endswith("limit, fp32 and bf16") and not_timed in said[1], both
+    assert not re.search(BF16_FIGURES, both, re.M), both
+    alone = run_benchmark(
+        "decode_step", *DECODE_ARGS, "--shapes", "9:6", "--precision", "bf16", env={FLAGS_ENV: AVX2_ONLY}
+    )
+    assert not_timed in alone and "ceiling" not in alone and "Linear layers" not in alone
 
 
-def test_textgame_base_benchmark_plays_held_out_games_and_prints_the_win_rate(tmp_path):
+def test_textgame_base_benchmark_plays_held_out_games_and_prints_the_win_rate(tmp_path, run_benchmark):
     """The text-game starting-point benchmark on the tiny model and two one-room games: every
     turn and the closing line parse, and the worked example is played before the games."""
-    command = [sys.executable, "-m", "benchmarks.textgame_base", "-c", "configs/tiny-textworld.yaml", "-n", "2"]
-    command += ["--set", "env.options.worked_example=true", "--set", f"env.options.games_dir={tmp_path}"]
-    command += ["--set", "env.max_steps=2"]
-    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert re.search(r"^2 in_domain games of textworld ready in [\d.]+ s$", out.stdout, re.M), out.stdout
-    turns = re.findall(r"turn: +(\d+) games, prompt max +(\d+) mean +(\d+) tokens", out.stdout)
-    assert turns and int(turns[0][0]) == 2 and len(turns) <= 2, out.stdout  # at most env.max_steps turns
-    done = re.search(r"strict wins (\d+)/2 = [\d.]+% \[[\d.]+, [\d.]+\]; replies boxed (\d+)/(\d+)", out.stdout)
-    assert done and int(done.group(3)) == sum(int(t[0]) for t in turns), out.stdout  # a reply per game and turn
+    args = ["-c", "configs/tiny-textworld.yaml", "-n", "2", "--set", "env.options.worked_example=true"]
+    args += ["--set", f"env.options.games_dir={tmp_path}", "--set", "env.max_steps=2"]
+    out = run_benchmark("textgame_base", *args)
+    assert re.search(r"^2 in_domain games of textworld ready in [\d.]+ s$", out, re.M), out
+    turns = re.findall(r"turn: +(\d+) games, prompt max +(\d+) mean +(\d+) tokens", out)
+    assert turns and int(turns[0][0]) == 2 and len(turns) <= 2, out  # at most env.max_steps turns
+    done = re.search(r"strict wins (\d+)/2 = [\d.]+% \[[\d.]+, [\d.]+\]; replies boxed (\d+)/(\d+)", out)
+    assert done and int(done.group(3)) == sum(int(t[0]) for t in turns), out  # a reply per game and turn
     # the worked example (a won game of the same settings) was generated beside the two games
     assert len(list(tmp_path.glob("custom-*/game.z8"))) == 3
 
 
-def test_int8_benchmark_times_torch_int8_beside_fp32_and_bf16_and_prints_each_mismatch():
+def test_int8_benchmark_times_torch_int8_beside_fp32_and_bf16_and_prints_each_mismatch(run_benchmark):
     """The int8 benchmark as shipped, shrunk: our step in fp32, bf16 (on a CPU with bf16 units,
     else said to be left out) and torch int8, and each mismatch against fp32 (bf16 small, int8
     nonzero), in lines that parse."""
     ours = (
         ["ours fp32", "ours bf16", "ours torch int8"] if machine_has_bf16_units() else ["ours fp32", "ours torch int8"]
     )
-    command = [sys.executable, "-m", "benchmarks.int8_generation", "--rows", "4", "--steps", "2", "--shape", "9:6"]
-    out = subprocess.run(
-        [*command, "--no-ct2"], cwd=REPO, env=machine_env(), capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert (NOT_TIMED.format(source="/proc/cpuinfo") in out.stdout) == ("ours bf16" not in ours), out.stdout
-    times = re.findall(r"4 rows, shared 9 own 6 \| (ours [\w ]+?) +([\d.]+) ms \| ours fp32 / it ([\d.]+)", out.stdout)
-    assert [t[0] for t in times] == ours, out.stdout
+    args = ["--rows", "4", "--steps", "2", "--shape", "9:6", "--no-ct2"]
+    out = run_benchmark("int8_generation", *args, env={FLAGS_ENV: None})
+    assert (NOT_TIMED.format(source="/proc/cpuinfo") in out) == ("ours bf16" not in ours), out
+    times = re.findall(r"4 rows, shared 9 own 6 \| (ours [\w ]+?) +([\d.]+) ms \| ours fp32 / it ([\d.]+)", out)
+    assert [t[0] for t in times] == ours, out
     assert all(float(ms) > 0 for _, ms, _ in times) and float(times[0][2]) == 1.0
     found = dict(
         (label, (float(mean), int(n)))
         for label, mean, n in re.findall(
-            r"mismatch against ours fp32 \| (ours [\w ]+?) +\|Δ log p\| mean ([\d.]+), .* of (\d+) tokens", out.stdout
+            r"mismatch against ours fp32 \| (ours [\w ]+?) +\|Δ log p\| mean ([\d.]+), .* of (\d+) tokens", out
         )
     )
     # predicted tokens: the prefix's 8 once, then each row's 9 + 6 - 3 - 1 - 9 of its own
     assert set(found) == set(ours[1:]) and {n for _, n in found.values()} == {8 + 4 * 2}
-    assert found["ours torch int8"][0] > 0, out.stdout
+    assert found["ours torch int8"][0] > 0, out
     if "ours bf16" in found:
-        assert 0 < found["ours bf16"][0] < 1, out.stdout
+        assert 0 < found["ours bf16"][0] < 1, out

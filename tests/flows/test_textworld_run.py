@@ -122,7 +122,7 @@ def test_the_rm_update_trains_only_the_tokens_its_rm_chose(run):
         assert len(kept) > 0 and trained == (kept.response_ids.map(len) - forced).sum()
 
 
-def test_eval_measures_the_rm_against_the_step_labels_with_the_last_steps_apart(run):
+def test_eval_measures_the_rm_against_the_step_labels_with_the_last_steps_apart(run, run_benchmark):
     """`rlanything eval` of the run's checkpoint on 3 held-out games: every judged step of every
     valid episode is labelled by TextWorld's rule, the last steps marked, and the RM's process
     accuracy and AUROC are those of the steps before the last."""
@@ -150,37 +150,27 @@ def test_eval_measures_the_rm_against_the_step_labels_with_the_last_steps_apart(
     assert "## Reward model against the step labels" in (out / "summary.md").read_text()
     # benchmarks/rm_reward_target.py reads the same steps before the last from this folder
     import re
-    import subprocess
-    import sys
 
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.rm_reward_target", str(out)], cwd=REPO, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert int(re.search(r"(\d+) labelled steps before the last", done.stdout).group(1)) == len(early)
+    done = run_benchmark("rm_reward_target", str(out))
+    assert int(re.search(r"(\d+) labelled steps before the last", done).group(1)) == len(early)
     # ... and, where an evaluation did not judge (no step_labels.parquet), replays the same labels
     import shutil
 
     bare = out.parent / "unjudged"
     bare.mkdir()
     shutil.copy(out / "episodes.parquet", bare / "episodes.parquet")
-    again = subprocess.run(
-        [sys.executable, "-m", "benchmarks.rm_reward_target", str(bare)], cwd=REPO, capture_output=True, text=True
-    )
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert again.stdout.split("\n", 2)[2] == done.stdout.split("\n", 2)[2].replace(str(out), str(bare))
+    again = run_benchmark("rm_reward_target", str(bare))
+    assert again.split("\n", 2)[2] == done.split("\n", 2)[2].replace(str(out), str(bare))
     # benchmarks/rejudge.py: the evaluation's own RM, given again, judges its steps as it did
     # (same contexts, same seeds), and prints the same measures for both
     own = f"{run['run_dir']}@{int(out.name.split('_')[1])}"
-    command = [sys.executable, "-m", "benchmarks.rejudge", str(out), "--rm", own]
-    rejudged = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert rejudged.returncode == 0, rejudged.stderr[-2000:]
+    rejudged = run_benchmark("rejudge", str(out), "--rm", own)
     (path,) = out.glob("rejudged-*.judgments.parquet")
     again_judged = read_table(path, schemas.EVAL_JUDGMENTS)
     for column in ("problem_idx", "step_idx", "judge_idx", "prompt", "step_score", "parsed"):
         assert again_judged[column].tolist() == judgments[column].tolist(), column
-    rows = re.findall(r"^\| (own RM .*?|--rm .*?) \| (.+) \|$", rejudged.stdout, re.M)
-    assert len(rows) == 2 and rows[0][1] == rows[1][1], rejudged.stdout
+    rows = re.findall(r"^\| (own RM .*?|--rm .*?) \| (.+) \|$", rejudged, re.M)
+    assert len(rows) == 2 and rows[0][1] == rows[1][1], rejudged
 
 
 def test_eval_in_the_held_out_wording_plays_the_same_games_in_other_words_beside_the_runs_own(run):
@@ -221,12 +211,10 @@ def test_judging_only_trainable_tasks_skips_an_iteration_where_every_task_left_t
     assert metrics["rm/trajectories_unjudged"] == 4
 
 
-def test_the_reward_target_benchmark_reads_the_runs_labelled_steps(run):
+def test_the_reward_target_benchmark_reads_the_runs_labelled_steps(run, run_benchmark):
     """benchmarks/rm_reward_target.py on the run: per rule, the steps before each episode's last
     and their share in won episodes, as counted here from the run's own artifacts."""
     import re
-    import subprocess
-    import sys
 
     import pandas as pd
 
@@ -239,10 +227,7 @@ def test_the_reward_target_benchmark_reads_the_runs_labelled_steps(run):
         frames.append(merged[merged.step_idx < merged.num_steps - 1])
     before = pd.concat(frames)
     assert len(before) > 0
-    command = [sys.executable, "-m", "benchmarks.rm_reward_target", run["run_dir"]]
-    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    every = out.stdout.split("mixed tasks only")[0]
+    every = run_benchmark("rm_reward_target", run["run_dir"]).split("mixed tasks only")[0]
     assert int(re.search(r"(\d+) labelled steps before the last", every).group(1)) == len(before)
     rows = re.findall(r"^  (\w+) +([+-]1) +(\d+) +([\d.]+)% \[", every, re.M)
     expected = before.groupby("rule").outcome.agg(lambda o: 100 * (o > 0).mean())

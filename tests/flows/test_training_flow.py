@@ -151,36 +151,29 @@ def test_rerun_skips_finished_iterations_and_a_changed_config_is_refused(run):
         train_flow(str(REPO / "configs" / "tiny.yaml"), overrides + ["algo.lam=0"])
 
 
-def test_the_verdict_gradient_benchmark_splits_the_rm_gradient_by_token(run):
+def test_the_verdict_gradient_benchmark_splits_the_rm_gradient_by_token(run, run_benchmark):
     """benchmarks/verdict_gradient.py on this run's first RM mini-batch: the every-token gradient
     is the chosen tokens' and the appended ones' together, so it leans towards both."""
     import re
-    import subprocess
-    import sys
 
     result, _ = run
-    command = [sys.executable, "-m", "benchmarks.verdict_gradient", result["run_dir"], "--limit", "4"]
-    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = run_benchmark("verdict_gradient", result["run_dir"], "--limit", "4")
     judged, chosen, appended = map(
-        int, re.search(r"(\d+) judgments.*\ntokens: (\d+) chosen, (\d+) appended", out.stdout).groups()
+        int, re.search(r"(\d+) judgments.*\ntokens: (\d+) chosen, (\d+) appended", out).groups()
     )
-    assert judged == 4 and chosen >= 4 and appended >= 6 * 4, out.stdout  # "\n\boxed{" and "}" at least
-    norms = dict(re.findall(r"^(every token|chosen only|appended only) +gradient norm ([\d.]+)$", out.stdout, re.M))
-    assert len(norms) == 3 and all(float(n) > 0 for n in norms.values()), out.stdout
-    cos = dict(re.findall(r"^cosine\((.+)\) (-?[\d.]+)$", out.stdout, re.M))
+    assert judged == 4 and chosen >= 4 and appended >= 6 * 4, out  # "\n\boxed{" and "}" at least
+    norms = dict(re.findall(r"^(every token|chosen only|appended only) +gradient norm ([\d.]+)$", out, re.M))
+    assert len(norms) == 3 and all(float(n) > 0 for n in norms.values()), out
+    cos = dict(re.findall(r"^cosine\((.+)\) (-?[\d.]+)$", out, re.M))
     assert 0 < float(cos["every token, chosen only"]) < 1 and 0 < float(cos["every token, appended only"]) < 1
 
 
 @pytest.mark.parametrize("kind", ["policy", "rm"])
-def test_the_update_replay_benchmark_reruns_the_update_on_its_own_samples(run, kind):
+def test_the_update_replay_benchmark_reruns_the_update_on_its_own_samples(run, kind, run_benchmark):
     """benchmarks/update_replay.py on iteration 0 of this run: the update replayed from the
     samples the step trained on (as many as it logged) in fp32 and, on a CPU with bf16 units,
     bf16 (without them the benchmark says so and times fp32 only), and profiled."""
-    import os
     import re
-    import subprocess
-    import sys
 
     import pandas as pd
 
@@ -189,23 +182,20 @@ def test_the_update_replay_benchmark_reruns_the_update_on_its_own_samples(run, k
     result, _ = run
     trained = pd.read_parquet(RunLayout(Path(result["run_dir"])).artifact(0, f"{kind}_update"))
     samples = int(trained[trained.epoch == 0].num_samples.sum())  # each kept sample once per epoch
-    command = [sys.executable, "-m", "benchmarks.update_replay", result["run_dir"], "--kind", kind]
-    command += ["--repeats", "1", "--profile"]
-    own_flags = {k: v for k, v in os.environ.items() if k != "RLANYTHING_CPU_FLAGS"}  # the suite empties them
-    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, env=own_flags)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert int(re.search(r"^   (\d+) samples, \d+ tokens", out.stdout, re.M).group(1)) == samples, out.stdout
+    args = [result["run_dir"], "--kind", kind, "--repeats", "1", "--profile"]
+    out = run_benchmark("update_replay", *args, env={"RLANYTHING_CPU_FLAGS": None})  # the suite empties them
+    assert int(re.search(r"^   (\d+) samples, \d+ tokens", out, re.M).group(1)) == samples, out
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("RLANYTHING_CPU_FLAGS", raising=False)
         bf16 = bool(set(BF16_FLAGS) & cpu_flags())
     if bf16:
-        assert float(re.search(r"bf16 speed-up \(fp32 s / bf16 s\): ([\d.]+)", out.stdout).group(1)) > 0
+        assert float(re.search(r"bf16 speed-up \(fp32 s / bf16 s\): ([\d.]+)", out).group(1)) > 0
     else:
-        assert "bf16 not timed on this CPU" in out.stdout, out.stdout
+        assert "bf16 not timed on this CPU" in out, out
     for precision in ("fp32", "bf16") if bf16 else ("fp32",):
-        line = re.search(rf"^   {precision}: where the update goes \(s, profiled\): (.+)$", out.stdout, re.M)
+        line = re.search(rf"^   {precision}: where the update goes \(s, profiled\): (.+)$", out, re.M)
         parts = {k.strip(): float(v) for k, v in re.findall(r"([^,]+?) ([\d.]+)(?:,|$)", line.group(1))}
-        assert {"matmuls", "attention", "optimizer and clipping", "other", "total"} <= set(parts), out.stdout
-        assert parts["matmuls"] > 0 and parts["optimizer and clipping"] > 0, out.stdout
+        assert {"matmuls", "attention", "optimizer and clipping", "other", "total"} <= set(parts), out
+        assert parts["matmuls"] > 0 and parts["optimizer and clipping"] > 0, out
         total = parts.pop("total")
-        assert abs(sum(parts.values()) - total) <= 0.01 * len(parts), out.stdout
+        assert abs(sum(parts.values()) - total) <= 0.01 * len(parts), out
