@@ -16,6 +16,9 @@ together, the update's micro-batches. What cannot fit (one sequence too long for
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import os
 import re
 from pathlib import Path
@@ -48,15 +51,37 @@ def budget_bytes() -> float:
     return _budget[0]
 
 
+def release() -> bool:
+    """Give the memory this process freed back to the system (glibc's `malloc_trim(0)`): freed
+    tensors stay in the allocator's arenas, counted in the resident memory, until then. Measured
+    on SmolLM2: after three turns of 32 rollouts and the engine deleted, 3.09 GiB resident, 0.43
+    GiB after the trim. False where there is no glibc (nothing to do)."""
+    trim = _malloc_trim()
+    return bool(trim(0)) if trim is not None else False
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's malloc_trim, or None (no C library found, or one without it: musl, macOS)."""
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+
+
 def rss_bytes() -> int:
     """The process's resident memory now."""
     return psutil.Process(os.getpid()).memory_info().rss
 
 
 def headroom_bytes() -> float:
-    """What the budget leaves now: the budget less the resident memory (inf without a budget;
-    negative when the process is already over it)."""
-    return _budget[0] - rss_bytes() if _budget[0] != float("inf") else float("inf")
+    """What the budget leaves now: the budget less the resident memory once what the process
+    freed is given back (`release`); inf without a budget, negative when the process is over it."""
+    if _budget[0] == float("inf"):
+        return float("inf")
+    release()
+    return _budget[0] - rss_bytes()
 
 
 def over_budget(what: str, need_bytes: float) -> MemoryBudgetError:
