@@ -117,3 +117,22 @@ def test_decoding_takes_the_rows_the_budget_leaves_and_fails_where_none_fits(tin
             engine.generate([[5] * 3999, [5] * 3999], max_new_tokens=1, temperature=1.0, top_p=1.0, seed=0)
     finally:
         memory._budget[0] = float("inf")
+
+
+def test_an_update_reserves_the_gradients_and_the_moments_it_has_yet_to_allocate(tiny_model_path):
+    """Before a fresh optimizer's first step: gradients (4 bytes a weight) and AdamW's two fp32
+    moments (8 more); once stepped, the gradients only, while `zero_grad` has set them to None."""
+    import torch
+
+    from rlanything.models.loading import load_model
+    from rlanything.models.training.trainer import make_optimizer, pending_bytes
+
+    model = load_model(tiny_model_path)
+    weights = sum(p.numel() for p in model.parameters())
+    optimizer = make_optimizer(model, lr=1e-3, weight_decay=0.0)
+    assert pending_bytes(model, optimizer) == 12 * weights
+    model(input_ids=torch.tensor([[5, 6, 7]])).logits.sum().backward()
+    assert pending_bytes(model, optimizer) == 8 * weights  # gradients there, moments not yet
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    assert pending_bytes(model, optimizer) == 4 * weights

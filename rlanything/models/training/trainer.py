@@ -256,13 +256,25 @@ def with_anchor_logprobs(
     return [replace(s, anchor_logprobs=lp) for s, lp in zip(samples, theirs)]
 
 
-def micro_batches(model, samples: list[Sample], order: list[int], size: int, training: bool) -> list[list[int]]:
+def pending_bytes(model, optimizer) -> int:
+    """What an optimizer step still allocates besides activations: the gradients (set to None
+    between steps) and, where AdamW holds no state yet (a fresh optimizer's first step), its two
+    fp32 moments. SmolLM2-135M before its first step: 0.54 + 1.08 GB."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = sum(p.numel() * p.element_size() for p in params if p.grad is None)
+    return grads + sum(2 * p.numel() * 4 for p in params if not optimizer.state.get(p))
+
+
+def micro_batches(
+    model, samples: list[Sample], order: list[int], size: int, training: bool, reserve: int = 0
+) -> list[list[int]]:
     """`order` (sample indices) in runs of `size`, each cut further where its packed forward
-    (prefix trees, `packing.pack`) would take more than the memory budget leaves now
-    (`memory.headroom_bytes`, `footprint.forward_bytes`). MemoryBudgetError where one sample
-    alone does not fit. [0..5], size 4, no budget -> [[0, 1, 2, 3], [4, 5]]."""
+    (prefix trees, `packing.pack`) would take more than the memory budget leaves now, less
+    `reserve` bytes the step will allocate besides (`pending_bytes`; `memory.headroom_bytes`,
+    `footprint.forward_bytes`). MemoryBudgetError where one sample alone does not fit.
+    [0..5], size 4, no budget -> [[0, 1, 2, 3], [4, 5]]."""
     runs = [order[start : start + size] for start in range(0, len(order), size)]
-    headroom = memory.headroom_bytes()
+    headroom = memory.headroom_bytes() - reserve
     if headroom == float("inf"):
         return runs
     config = getattr(model, "module", model).config  # DDP and DeepSpeed wrap the model
@@ -326,7 +338,7 @@ def _minibatch_step(
     measures = (*MEASURES, "anchor_kl") if anchored else MEASURES
     totals = dict.fromkeys(measures, 0.0)
     num_tokens = 0
-    parts = micro_batches(model, samples, mine, micro_batch_size, training=True)
+    parts = micro_batches(model, samples, mine, micro_batch_size, True, pending_bytes(model, optimizer))
     for k, part in enumerate(parts):
         micro = [samples[i] for i in part]
         weight = len(micro) * share
