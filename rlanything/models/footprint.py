@@ -11,7 +11,10 @@ MLP's gate, up, activation and product), all layers together; an inference forwa
 layer's as it goes, so about 5H + 3I values of one layer at a time. Logits are V floats a kept
 position, in several copies: the logits, the rows gathered from them, their log_softmax and, when
 training, the gradients. Measured on the tiny model (V 49,152, where the logits are nearly all of
-it): 4.0 copies a position in a PPO update, 2.9 in `score`; counted as 5 and 4.
+it): 4.0 copies a position in a PPO update, 2.9 in `score`; counted as 5 and 4. On SmolLM2-135M,
+one sample of 600 and of 1,200 tokens in a PPO update (bf16 autocast) peaked 465 and 1,094 MiB
+above the process, its gradients (515 MiB, `trainer.pending_bytes`) apart: the estimate, 751 and
+1,493 MiB, is 1.4-1.6 times that.
 """
 
 from __future__ import annotations
