@@ -21,6 +21,7 @@ import ctypes.util
 import functools
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -82,6 +83,21 @@ def headroom_bytes() -> float:
         return float("inf")
     release()
     return _budget[0] - rss_bytes()
+
+
+def cut_to_fit(items: list, need: Callable[[list], float], headroom: float, what: Callable) -> list[list]:
+    """`items` in order, cut into consecutive parts whose `need(part)` (bytes) fits in
+    `headroom`; `over_budget(what(item), ...)` where one item alone does not fit.
+    [1, 2, 3], need = sum, headroom 3 -> [[1, 2], [3]]."""
+    parts, part = [], []
+    for item in items:
+        if need([item]) > headroom:
+            raise over_budget(what(item), need([item]))
+        if part and need([*part, item]) > headroom:
+            parts.append(part)
+            part = []
+        part.append(item)
+    return [*parts, part] if part else parts
 
 
 def over_budget(what: str, need_bytes: float) -> MemoryBudgetError:

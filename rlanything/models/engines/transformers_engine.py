@@ -160,20 +160,14 @@ class TransformersEngine:
             kept = sum(len(continuations[i]) + 1 for i in rows)
             return forward_bytes(self.model.config, len(rows), width, kept, False)
 
-        batches = []
-        for idx in self._batches(prompts):
-            headroom, batch = memory.headroom_bytes(), []
-            for i in idx:
-                if need([i]) > headroom:
-                    raise memory.over_budget(
-                        f"scoring a sequence of {len(prompts[i]) + len(continuations[i])} tokens", need([i])
-                    )
-                if batch and need([*batch, i]) > headroom:
-                    batches.append(batch)
-                    batch = []
-                batch.append(i)
-            batches.append(batch)
-        return batches
+        def what(i: int) -> str:
+            return f"scoring a sequence of {len(prompts[i]) + len(continuations[i])} tokens"
+
+        return [
+            batch
+            for idx in self._batches(prompts)
+            for batch in memory.cut_to_fit(idx, need, memory.headroom_bytes(), what)
+        ]
 
     @property
     def decodes_choices(self) -> bool:

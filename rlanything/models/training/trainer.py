@@ -284,19 +284,10 @@ def micro_batches(
         width = max(len(tree.tokens) for tree in trees)
         return forward_bytes(config, len(trees), width, sum(samples[i].response_len for i in part), training)
 
-    out = []
-    for run in runs:
-        part: list[int] = []
-        for i in run:
-            if need([i]) > headroom:
-                what = f"{'training on' if training else 'scoring'} a sample of {len(samples[i].input_ids)} tokens"
-                raise memory.over_budget(what, need([i]))
-            if part and need([*part, i]) > headroom:
-                out.append(part)
-                part = []
-            part.append(i)
-        out.append(part)
-    return out
+    def what(i: int) -> str:
+        return f"{'training on' if training else 'scoring'} a sample of {len(samples[i].input_ids)} tokens"
+
+    return [part for run in runs for part in memory.cut_to_fit(run, need, headroom, what)]
 
 
 def _gap(samples: list[Sample], cap: float) -> dict:
