@@ -22,8 +22,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from cli_spares import cli_command
 from mlflow.tracking import MlflowClient
-from test_resume import REPO, TINY, cli, cli_command, cli_options, finish  # helpers of the resume tests
+from test_resume import REPO, TINY, cli, cli_options, finish  # helpers of the resume tests
 
 from rlanything.config import ConfigError, load_config
 from rlanything.flows.evaluation import BASE, eval_dir

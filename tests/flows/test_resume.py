@@ -14,13 +14,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import torch
+from cli_spares import start
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
@@ -46,10 +46,6 @@ KILLS = [
 # ---------------------------------------------------------------- helpers
 
 
-def cli_command(args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "rlanything.cli", *args]
-
-
 def cli_options(api_url: str, stdout=subprocess.PIPE, fault: str | None = None) -> dict:
     """Popen keywords of a CLI subprocess: the session's Prefect server, INFO logs, unbuffered
     output (every log line is out before a SIGKILL), its own process group."""
@@ -67,8 +63,8 @@ def cli_options(api_url: str, stdout=subprocess.PIPE, fault: str | None = None) 
 
 
 def cli(args: list[str], api_url: str, fault: str | None = None) -> subprocess.Popen:
-    """`rlanything ARGS` in a subprocess, in its own process group."""
-    return subprocess.Popen(cli_command(args), **cli_options(api_url, fault=fault))
+    """`rlanything ARGS` in a subprocess, in its own process group (by a spare: cli_spares)."""
+    return start(args, cli_options(api_url, fault=fault))
 
 
 def finish(proc: subprocess.Popen, timeout: float = 420) -> str:

@@ -25,12 +25,13 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from cli_spares import TAG, start
 from test_resume import (
     TINY,
     assert_complete_like,
     assert_same_files,
-    cli_command,
     cli_options,
+    finish,
     logged_states,
     mlflow_status,
     step_states,
@@ -39,7 +40,6 @@ from test_resume import (
 from rlanything.storage.layout import RunLayout
 
 STOP_LIMIT_S = 15.0  # from the signal to the process gone, on 2 loaded cores
-TAG = "RLANYTHING_TEST_TAG"
 
 
 # ---------------------------------------------------------------- helpers
@@ -66,7 +66,8 @@ class Command:
         options["cwd"] = cwd or options["cwd"]
         if sigint_ignored:  # as a shell starts a background job: SIGINT (and SIGQUIT) ignored
             options["preexec_fn"] = partial(signal.signal, signal.SIGINT, signal.SIG_IGN)
-        self.proc = subprocess.Popen(cli_command(args), **options)
+        self.proc = start(args, options)  # by a spare when one fits: its own tag then
+        self.tag = self.proc.tag
         self.lines: list[tuple[float, str]] = []
         self.signalled = threading.Event()
         self.load: list[subprocess.Popen] = []
@@ -260,8 +261,9 @@ def test_stopped_during_a_held_out_evaluation_then_run_again(tmp_path, prefect_a
     out = stopped_root / "eval" / "builtin_tiny-random"
     assert not out.exists() or [p for p in out.rglob("*") if p.is_file()] == []
 
-    again = subprocess.run(cli_command(args(stopped_root)), **{**cli_options(prefect_api_url), "stdout": None})
-    assert again.returncode == 0
+    again = start(args(stopped_root), cli_options(prefect_api_url))
+    out = finish(again)
+    assert again.returncode == 0, out[-3000:]
     eval_flow("builtin:tiny-random", TINY, [f"run.root={reference_root}", "eval.rm=false"], "in_domain", 4)
     episodes = [pq.read_table(root / "eval" / "builtin_tiny-random" / "episodes.parquet") for root in (stopped_root, reference_root)]  # fmt: skip
     assert episodes[0].num_rows == 4 and episodes[0].equals(episodes[1])
