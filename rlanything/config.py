@@ -797,12 +797,19 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
         raise ConfigError("invalid config:\n" + "\n".join(lines)) from None
 
 
+def read_yaml(text: str) -> Any:
+    """`yaml.safe_load` by libyaml's loader where PyYAML was built with it: the same safe subset,
+    faster. Every step reads its run's saved config again: 8.0 ms with the pure-Python loader,
+    1.7 ms with libyaml's (measured on a 2-core EPYC), ~55 reads in a tiny two-iteration run."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
     """Read a YAML config strictly; `overrides` are `section.key=value` strings."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     return build_config(data, overrides)

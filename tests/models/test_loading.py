@@ -79,6 +79,21 @@ def test_tokenizer_dir_template_pad_roundtrip(isolated_cache):
     assert prompt.endswith("<|im_start|>assistant\n")
 
 
+def test_folders_with_the_same_tokenizer_files_share_one_tokenizer(isolated_cache, tmp_path):
+    """A checkpoint's copy of its base tokenizer is the base's object; a change in any tokenizer
+    file (here the chat template) is another tokenizer, read from that folder."""
+    base = smollm2_tokenizer_dir()
+    copies = [tmp_path / "a", tmp_path / "b"]
+    for folder in copies:
+        shutil.copytree(base, folder)
+    (copies[1] / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    assert load_tokenizer(copies[0]) is load_tokenizer(base)
+    changed = load_tokenizer(copies[1])
+    assert changed is not load_tokenizer(base) and changed.chat_template == "{{ messages[0]['content'] }}"
+    with pytest.raises(loading.ModelNotFoundError, match="does not exist"):
+        load_tokenizer(tmp_path / "missing")
+
+
 def test_tiny_model_is_deterministic(isolated_cache, monkeypatch, tmp_path):
     first = tiny_model_dir(seed=3)
     _fresh_cache(monkeypatch, tmp_path, "other")
