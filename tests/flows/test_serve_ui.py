@@ -67,6 +67,7 @@ def test_deployment_started_from_the_prefect_ui_completes_and_its_plots_show_in_
     prefect_port, mlflow_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RLANYTHING_FAULT"}
     env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), RLANYTHING_PROGRESS="0", COLUMNS="200")
+    env.update(PREFECT_RUNNER_POLL_FREQUENCY="1")  # serve's runner asks for new runs each second, not 10
     prefect_url, mlflow_url = f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}"
     serve = None
     try:

@@ -56,6 +56,7 @@ class Command:
         fault: str | None = None,
         cwd: Path | None = None,
         sigint_ignored: bool = False,
+        poll_s: int | None = None,
     ):
         self.tag = uuid.uuid4().hex
         options = cli_options(api_url or "", fault=fault)
@@ -63,6 +64,8 @@ class Command:
             options["env"] = {k: v for k, v in options["env"].items() if not k.startswith("PREFECT_API")}
             options["env"]["PYTHONPATH"] = str(Path(TINY).parents[1])
         options["env"][TAG] = self.tag
+        if poll_s:  # how often serve's runner asks for new runs and cancels (Prefect's default: 10 s)
+            options["env"]["PREFECT_RUNNER_POLL_FREQUENCY"] = str(poll_s)
         options["cwd"] = cwd or options["cwd"]
         if sigint_ignored:  # as a shell starts a background job: SIGINT (and SIGQUIT) ignored
             options["preexec_fn"] = partial(signal.signal, signal.SIGINT, signal.SIG_IGN)
@@ -310,11 +313,11 @@ def test_cancel_in_the_prefect_ui_stops_a_deployment_run_the_same_way(tmp_path, 
 
     sets = [a for o in [f"run.root={tmp_path / 'runs'}", *small_overrides] for a in ("--set", o)]
     # the rollout holds until stopped: a step surely in progress when the cancel arrives (the
-    # runner notices a cancel on its next poll, up to 10 s later; a tiny iteration is shorter)
+    # runner notices a cancel on its next poll, here up to 1 s later; a tiny iteration is short)
     args = ["serve", "-c", TINY, *sets, "--name", "stop-test", "--root", str(tmp_path)]
     # started as a shell's background job is (SIGINT ignored): serve must still end on SIGINT;
     # it did not before serve restored the handler (three full-suite runs started with `&` hung)
-    serve = Command(args, prefect_api_url, fault="hold:rollout@0", sigint_ignored=True)
+    serve = Command(args, prefect_api_url, fault="hold:rollout@0", sigint_ignored=True, poll_s=1)
     try:
         serve.wait_for(r"serving rlanything-train/stop-test")
         deadline = time.monotonic() + 120
