@@ -26,8 +26,11 @@ environment's judge hint), fp32, at each batch size: `in-pass`, the engine
 decoding the constrained verdict in the generation pass (the default), against `two-pass`, the
 verdict scored after the reasoning (what engines without `decodes_choices` do), and `in-rows`,
 the default with the judge prompts' shared beginning copied into every row's cache instead of
-held once (models/engines/prefix_attention.py). Printed per (mode, batch): seconds, forwards, mean rows
-per forward, mean prompt and response tokens.
+held once (models/engines/prefix_attention.py). With direct verdicts (`rm.max_new_tokens: 0`,
+constrained, as configs/smollm2-textworld.yaml ships) the modes are `per-step`, the default (one
+scoring a step serves its m judgments), against `per-judgment`, what it cost before (each judgment
+decoded in a row of its own). Printed per (mode, batch): seconds, forwards, mean rows per
+forward, mean prompt and response tokens.
 """
 
 from __future__ import annotations
@@ -87,37 +90,67 @@ def replay(iteration_dir: str, config_path: str, batch_sizes: list[int]) -> None
     """Time judge_steps on a run's iteration (see the module docstring)."""
     import pandas as pd
 
-    from rlanything.agent.judging import steps_to_judge
+    from rlanything.agent.judging import judged_outcomes, steps_to_judge
     from rlanything.config import load_config
     from rlanything.models.engines.generation import PrefixCache
 
     config = load_config(config_path)
     rm = config.rm
-    frames = (pd.read_parquet(Path(iteration_dir) / f"{n}.parquet") for n in ("rollouts", "episodes", "outcomes"))
-    steps = steps_to_judge(*frames)
+    steps, episodes, outcomes = (
+        pd.read_parquet(Path(iteration_dir) / f"{n}.parquet") for n in ("rollouts", "episodes", "outcomes")
+    )
+    judged = judged_outcomes(outcomes[outcomes.valid & ~outcomes.pending], config)  # as the rm_score step
+    steps = steps_to_judge(steps, episodes, judged, rm.history_steps)
     header(
         f"RM scoring replay: {len(steps)} steps of {iteration_dir} × m={rm.judgments_per_step}, {rm.verdict} verdict"
     )
     path = smollm2_model_dir()
     tokenizer, model = load_tokenizer(path), load_model(path)
     print(
-        f"   {'mode':9s} {'batch':>5s} {'seconds':>8s} {'forwards':>9s} {'rows/fwd':>9s} {'prompt':>7s} {'response':>9s}"
+        f"   {'mode':12s} {'batch':>5s} {'seconds':>8s} {'forwards':>9s} {'rows/fwd':>9s} {'prompt':>7s} {'response':>9s}"
     )
+    direct = rm.max_new_tokens == 0 and rm.verdict == "constrained"
+    modes = [("per-step", TransformersEngine)] if direct else []
+    modes = modes or [("two-pass", TwoPass), ("in-rows", PrefixInRows), ("in-pass", TransformersEngine)]
     for batch in batch_sizes:
-        for name, kind in (("two-pass", TwoPass), ("in-rows", PrefixInRows), ("in-pass", TransformersEngine)):
+        for name, kind in modes:
             engine = kind(model, tokenizer, batch_size=batch, keep_bytes=rm.kv_reuse_gb * 2**30)
             start = time.perf_counter()
             with TokensFed(model) as counter:
                 rows = judge_as_configured(engine, tokenizer, steps, config, seed=1, prefix_cache=PrefixCache())
-            seconds = time.perf_counter() - start
-            forwards = len(counter.calls)
-            rows_per = sum(r for r, _ in counter.calls) / forwards
-            prompt = sum(len(r["prompt_ids"]) for r in rows) / len(rows)
-            response = sum(len(r["response_ids"]) for r in rows) / len(rows)
-            print(
-                f"   {name:9s} {batch:5d} {seconds:8.1f} {forwards:9d} {rows_per:9.1f} {prompt:7.0f} {response:9.1f}",
-                flush=True,
-            )
+            _print_mode(name, batch, time.perf_counter() - start, counter, rows)
+        if direct:  # what direct verdicts cost before: each of the m judgments decoded in its own row
+            prompts = [r["prompt_ids"] for r in rows[:: rm.judgments_per_step]]
+            _per_judgment(model, tokenizer, prompts, rm, batch)
+
+
+def _per_judgment(model, tokenizer, prompts: list[list[int]], rm, batch: int) -> None:
+    """Direct verdicts as they were judged before one scoring served a step's m judgments: m
+    copies of each prompt, the verdict decoded in the generation pass (`Choice`)."""
+    from rlanything.models.engines.generation import PrefixCache
+    from rlanything.models.judge import verdict_choice
+
+    engine = TransformersEngine(model, tokenizer, batch_size=batch, keep_bytes=rm.kv_reuse_gb * 2**30)
+    jobs = [p for p in prompts for _ in range(rm.judgments_per_step)]
+    start = time.perf_counter()
+    with TokensFed(model) as counter:
+        gens = engine.generate(
+            jobs, max_new_tokens=0, temperature=rm.temperature, top_p=rm.top_p, seed=1,
+            prefix_cache=PrefixCache(), choice=verdict_choice(tokenizer),
+        )  # fmt: skip
+    rows = [{"prompt_ids": p, "response_ids": g.token_ids} for p, g in zip(jobs, gens)]
+    _print_mode("per-judgment", batch, time.perf_counter() - start, counter, rows)
+
+
+def _print_mode(name: str, batch: int, seconds: float, counter, rows: list[dict]) -> None:
+    forwards = len(counter.calls)
+    rows_per = sum(r for r, _ in counter.calls) / forwards
+    prompt = sum(len(r["prompt_ids"]) for r in rows) / len(rows)
+    response = sum(len(r["response_ids"]) for r in rows) / len(rows)
+    print(
+        f"   {name:12s} {batch:5d} {seconds:8.1f} {forwards:9d} {rows_per:9.1f} {prompt:7.0f} {response:9.1f}",
+        flush=True,
+    )
 
 
 def main() -> None:

@@ -13,6 +13,8 @@ Two verdict modes:
   gives way to "\\boxed{", the option's uniform drawn from the row's own noise stream); engines
   that cannot (vLLM) score both options after the reasoning instead (`_constrained_verdicts`,
   uniforms from `random.Random(seed)`). Both draw the verdict with the one rule, `Choice.pick`.
+  A direct verdict (no reasoning) is scored once per step, whatever the engine, and its m
+  judgments drawn from that one scoring (`_direct_verdicts`).
 """
 
 from __future__ import annotations
@@ -60,8 +62,13 @@ def judge_steps(
         raise ValueError(f"unknown verdict mode {verdict!r}")
     choice = verdict_choice(tokenizer) if verdict == "constrained" else None
     in_pass = choice is not None and engine.decodes_choices
-    if max_new_tokens == 0 and choice is not None and not in_pass:  # a direct verdict: nothing to decode
-        gens = [Generation([], [], "", "length") for _ in jobs]
+    direct = max_new_tokens == 0 and choice is not None  # a direct verdict: nothing to decode
+    if direct:
+        # the m judgments of a step share everything but the verdict: one scoring a step
+        verdicts = _direct_verdicts(
+            engine, choice, [p[1] for p in prompts], judgments_per_step, temperature, seed, cache
+        )
+        gens = [None] * len(jobs)
     else:
         gens = engine.generate(
             job_prompts,
@@ -72,9 +79,9 @@ def judge_steps(
             prefix_cache=cache,
             choice=choice if in_pass else None,
         )
-    if in_pass:
+    if in_pass and not direct:
         verdicts = [_decoded_verdict(tokenizer, gen, choice) for gen in gens]
-    elif choice is not None:  # engines without `decodes_choices`: the options scored afterwards
+    elif choice is not None and not direct:  # engines without `decodes_choices`: the options scored afterwards
         verdicts = _constrained_verdicts(engine, tokenizer, choice, job_prompts, gens, temperature, seed, cache)
     rows = []
     for n, ((k, j), gen) in enumerate(zip(jobs, gens)):
@@ -181,6 +188,34 @@ def _decoded_verdict(tokenizer, gen: Generation, choice: Choice) -> tuple:
 def _verdict(reasoning: str, response_ids: list[int], logprobs: list[float], score: int) -> tuple:
     """-> (reasoning text ending in its verdict box, response ids, log-probs, score, raw box)."""
     return reasoning + "\n\\boxed{" + str(score) + "}", response_ids, logprobs, score, str(score)
+
+
+def _direct_verdicts(
+    engine, choice: Choice, prompts: list[list[int]], m: int, temperature: float, seed: int, cache: PrefixCache
+) -> list[tuple]:
+    """A direct verdict (no reasoning) for each of the m judgments of each prompt, in `judge_steps`'
+    job order (prompt-major). The m judgments of a prompt differ only in the drawn option, so
+    each prompt is scored once with each option appended, and its m verdicts are m draws
+    (`Choice.pick`, uniforms from `random.Random(seed)`) from those options' first-token
+    probabilities; a judgment's log-probs are its option's scored ones. The same distribution
+    and log-probs as m generations that decode the choice (up to float rounding), at the cost
+    of one prompt instead of m (docs/benchmarks.md, "Direct verdicts").
+    Example (m 3, SmolLM2): prompts [P] -> scored P + "\\n\\boxed{1}" and P + "\\n\\boxed{-1}";
+    first-token probabilities renormalised [0.25, 0.75]; uniforms 0.6, 0.1, 0.9 -> -1, 1, -1."""
+    tail = {value: choice.opener + tokens + choice.closer for value, tokens in choice.options.items()}
+    contexts = [prompt for prompt in prompts for _ in tail]
+    scored = engine.score(
+        contexts, [t for _ in prompts for t in tail.values()], temperature=temperature, prefix_cache=cache
+    )
+    rng = random.Random(seed)
+    out = []
+    for n in range(len(prompts)):
+        rows = dict(zip(tail, scored[len(tail) * n : len(tail) * (n + 1)]))
+        firsts = torch.tensor([rows[value][len(choice.opener)] for value in tail], dtype=torch.float64)
+        for _ in range(m):
+            score = choice.pick(firsts, rng.random())
+            out.append(_verdict("", tail[score], rows[score], score))
+    return out
 
 
 def _constrained_verdicts(

@@ -81,6 +81,57 @@ def test_a_direct_verdict_samples_no_reasoning_and_trains_only_the_verdict(engin
     assert len({tuple(r["prompt_ids"]) for r in rows if r["traj_id"] == 0}) == 1
 
 
+def test_a_direct_verdicts_m_judgments_cost_one_scoring_and_follow_its_probabilities(
+    engine, tiny_tokenizer, tokens_fed
+):
+    """Direct verdicts: what the model is fed does not grow with m (one scoring of each step with
+    each option), and 400 judgments of a step fall on +1 at the rate the model gives "1" against
+    "-1" after the opener, renormalised: within 4 standard deviations."""
+    feeds = []
+    for m in (1, 400):
+        with tokens_fed(engine.model) as fed:
+            rows = judge_steps(
+                engine, tiny_tokenizer, STEPS[:1], judgments_per_step=m, verdict="constrained",
+                max_new_tokens=0, temperature=0.8, top_p=1.0, seed=5,
+            )  # fmt: skip
+        feeds.append(sum(n for _, n in fed))
+    assert feeds[0] == feeds[1] > 0
+    opener = tiny_tokenizer.encode("\n\\boxed{", add_special_tokens=False)
+    prompt = rows[0]["prompt_ids"]
+    first = {
+        value: engine.score(
+            [prompt], [opener + tiny_tokenizer.encode(text, add_special_tokens=False)], temperature=0.8
+        )[0][len(opener)]
+        for value, text in ((1, "1"), (-1, "-1"))
+    }
+    p = math.exp(first[1]) / (math.exp(first[1]) + math.exp(first[-1]))
+    share = sum(r["step_score"] == 1 for r in rows) / len(rows)
+    assert abs(share - p) < 4 * math.sqrt(p * (1 - p) / len(rows)) + 1e-9, (share, p)
+    assert {r["step_score"] for r in rows} == {1, -1}  # both drawn: 0.05 < p < 0.95 for this model
+    assert [r["judge_idx"] for r in rows] == list(range(400))
+
+
+def test_direct_verdict_n_picks_1_iff_the_judges_nth_uniform_is_below_p1(engine, tiny_tokenizer):
+    """Direct verdicts: judgment j of step k is draw k·m + j of `random.Random(seed)`, compared
+    with p("1") / (p("1") + p("-")) right after prompt + "\\n\\boxed{" (a teacher-forced pass);
+    its response and log-probs are the verdict's alone."""
+    import random
+
+    from rlanything.models.judge import verdict_choice
+
+    choice = verdict_choice(tiny_tokenizer)
+    rows = judge(engine, tiny_tokenizer, "constrained", seed=4, max_new_tokens=0)
+    draws = random.Random(4)
+    for r in rows:
+        first = [
+            engine.score([r["prompt_ids"]], [choice.opener + choice.options[v]], temperature=0.8)[0][len(choice.opener)]
+            for v in (1, -1)
+        ]
+        p_one = math.exp(first[0]) / (math.exp(first[0]) + math.exp(first[1]))
+        assert r["step_score"] == (1 if draws.random() < p_one else -1)
+        assert r["response_ids"] == choice.opener + choice.options[r["step_score"]] + choice.closer
+
+
 def test_constrained_verdicts_vary_with_the_seed(engine, tiny_tokenizer):
     scores = {tuple(r["step_score"] for r in judge(engine, tiny_tokenizer, "constrained", seed=s)) for s in range(6)}
     assert len(scores) > 1
@@ -172,7 +223,7 @@ def test_the_engine_keeps_rows_up_to_its_byte_budget(engine, tiny_tokenizer):
         assert all(k.shape[2] == len(t) >= 23 for t, k, _ in cache.rows)
 
 
-@pytest.mark.parametrize("max_new_tokens", [0, 8])
+@pytest.mark.parametrize("max_new_tokens", [1, 8])
 def test_the_verdict_decoded_in_the_generation_pass_follows_the_models_probabilities(
     engine, tiny_tokenizer, max_new_tokens
 ):
