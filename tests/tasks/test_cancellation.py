@@ -107,6 +107,34 @@ def test_a_stopped_task_run_without_its_own_note_ends_cancelled_too(prefect_serv
     assert states(run.id) == ("Cancelled", {"unnoted-probe": "Cancelled"})
 
 
+@flow(name="heartbeat-probe-child")
+def child() -> str:
+    from prefect import flow_engine
+
+    return repr(flow_engine._send_heartbeats)
+
+
+@flow(name="heartbeat-probe-parent")
+@stoppable
+def parent():
+    from prefect import flow_engine
+
+    return flow_engine._send_heartbeats, child(return_state=True)
+
+
+def test_subflows_of_our_flows_end_without_waiting_for_their_heartbeat_thread(prefect_server):
+    """Inside a flow of ours, Prefect's engine starts each subflow's heartbeats with its async
+    engine's `join_on_exit=False`; the engine still calls it as it did (the child completes), and
+    outside our flows Prefect's own function is back."""
+    from prefect import flow_engine
+
+    original = flow_engine._send_heartbeats
+    used, state = parent()
+    assert used.func is original and used.keywords == {"join_on_exit": False}
+    assert state.is_completed() and "join_on_exit=False" in state.result()
+    assert flow_engine._send_heartbeats is original
+
+
 def test_other_exceptions_are_not_stops():
     assert stop_signal(ValueError("x")) is None
     assert stop_signal(KeyboardInterrupt()) == signal.SIGINT
