@@ -53,43 +53,16 @@ def judge_steps(
     response, observation and optionally shown_from (the first shown step's index, when
     `rm.history_steps` left earlier ones out). -> one row per (step, judge_idx) for judgments.parquet.
     `prefix_cache`: a fresh one when None (given, its token counts can be read afterwards)."""
-    prompts = [_judge_prompt(tokenizer, s, hint) for s in steps]
-    jobs = [(k, j) for k in range(len(steps)) for j in range(judgments_per_step)]
-    job_prompts = [prompts[k][1] for k, _ in jobs]
-    # later steps' prompts repeat earlier steps' history: the engine reuses their KV (PrefixCache)
-    cache = prefix_cache if prefix_cache is not None else PrefixCache()
     if verdict not in ("free", "constrained"):
         raise ValueError(f"unknown verdict mode {verdict!r}")
-    choice = verdict_choice(tokenizer) if verdict == "constrained" else None
-    in_pass = choice is not None and engine.decodes_choices
-    direct = max_new_tokens == 0 and choice is not None  # a direct verdict: nothing to decode
-    if direct:
-        # the m judgments of a step share everything but the verdict: one scoring a step
-        verdicts = _direct_verdicts(
-            engine, choice, [p[1] for p in prompts], judgments_per_step, temperature, seed, cache
-        )
-        gens = [None] * len(jobs)
-    else:
-        gens = engine.generate(
-            job_prompts,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            prefix_cache=cache,
-            choice=choice if in_pass else None,
-        )
-    if in_pass and not direct:
-        verdicts = [_decoded_verdict(tokenizer, gen, choice) for gen in gens]
-    elif choice is not None and not direct:  # engines without `decodes_choices`: the options scored afterwards
-        verdicts = _constrained_verdicts(engine, tokenizer, choice, job_prompts, gens, temperature, seed, cache)
+    prompts = [_judge_prompt(tokenizer, s, hint) for s in steps]
+    # later steps' prompts repeat earlier steps' history: the engine reuses their KV (PrefixCache)
+    cache = prefix_cache if prefix_cache is not None else PrefixCache()
+    sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    judged = _judgments(engine, tokenizer, [ids for _, ids in prompts], judgments_per_step, verdict, sampling, cache)
     rows = []
-    for n, ((k, j), gen) in enumerate(zip(jobs, gens)):
-        if verdict == "free":
-            reasoning, response_ids, logprobs = gen.text, gen.token_ids, gen.logprobs
-            score, raw_box = parse_step_score(gen.text), extract_last_boxed(gen.text)
-        else:
-            reasoning, response_ids, logprobs, score, raw_box = verdicts[n]
+    for n, (reasoning, response_ids, logprobs, score, raw_box) in enumerate(judged):
+        k, j = divmod(n, judgments_per_step)
         step = steps[k]
         rows.append(
             {
@@ -109,6 +82,27 @@ def judge_steps(
             }
         )
     return rows
+
+
+def _judgments(engine, tokenizer, prompts, m: int, verdict: str, sampling: dict, cache: PrefixCache) -> list[tuple]:
+    """The m judgments of each prompt, prompt-major: (reasoning, response ids, log-probs, score or
+    None, raw box) each. `sampling`: max_new_tokens, temperature, top_p and seed."""
+    temperature, seed = sampling["temperature"], sampling["seed"]
+    choice = verdict_choice(tokenizer) if verdict == "constrained" else None
+    if choice is not None and sampling["max_new_tokens"] == 0:  # a direct verdict: nothing to decode
+        # the m judgments of a step share everything but the verdict: one scoring a step
+        return _direct_verdicts(engine, choice, prompts, m, temperature, seed, cache)
+    in_pass = choice is not None and engine.decodes_choices
+    jobs = [prompt for prompt in prompts for _ in range(m)]
+    gens = engine.generate(jobs, **sampling, prefix_cache=cache, choice=choice if in_pass else None)
+    if in_pass:
+        return [_decoded_verdict(tokenizer, gen, choice) for gen in gens]
+    if choice is not None:  # engines without `decodes_choices`: the options scored afterwards
+        return _constrained_verdicts(engine, tokenizer, choice, jobs, gens, temperature, seed, cache)
+    return [
+        (gen.text, gen.token_ids, gen.logprobs, parse_step_score(gen.text), extract_last_boxed(gen.text))
+        for gen in gens
+    ]
 
 
 def write_unit_tests(
