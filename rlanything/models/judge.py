@@ -196,19 +196,12 @@ def _direct_verdicts(
     of one prompt instead of m (docs/benchmarks.md, "Direct verdicts").
     Example (m 3, SmolLM2): prompts [P] -> scored P + "\\n\\boxed{1}" and P + "\\n\\boxed{-1}";
     first-token probabilities renormalised [0.25, 0.75]; uniforms 0.6, 0.1, 0.9 -> -1, 1, -1."""
-    tail = {value: choice.opener + tokens + choice.closer for value, tokens in choice.options.items()}
-    contexts = [prompt for prompt in prompts for _ in tail]
-    scored = engine.score(
-        contexts, [t for _ in prompts for t in tail.values()], temperature=temperature, prefix_cache=cache
-    )
     rng = random.Random(seed)
     out = []
-    for n in range(len(prompts)):
-        rows = dict(zip(tail, scored[len(tail) * n : len(tail) * (n + 1)]))
-        firsts = torch.tensor([rows[value][len(choice.opener)] for value in tail], dtype=torch.float64)
+    for rows, firsts in _scored_options(engine, choice, prompts, temperature, cache):
         for _ in range(m):
             score = choice.pick(firsts, rng.random())
-            out.append(_verdict("", tail[score], rows[score], score))
+            out.append(_verdict("", choice.opener + choice.options[score] + choice.closer, rows[score], score))
     return out
 
 
@@ -218,25 +211,36 @@ def _constrained_verdicts(
     """For each reasoning, draw the verdict from the options' first-token probabilities after an
     appended "\\boxed{" (`Choice.pick`, its uniforms from `random.Random(seed)`), for engines
     that cannot decode a `Choice` in the generation pass (vLLM): every option scored afterwards."""
-    opener, closer, options = choice.opener, choice.closer, choice.options
     reasoning_ids = [[t for t in g.token_ids if t not in engine.eos_ids] for g in gens]
-    contexts, continuations = [], []
-    for prompt, ids in zip(prompts, reasoning_ids):
-        for tokens in options.values():
-            contexts.append(prompt + ids)
-            continuations.append(opener + tokens + closer)
-    scored = engine.score(contexts, continuations, temperature=temperature, prefix_cache=cache)
+    contexts = [prompt + ids for prompt, ids in zip(prompts, reasoning_ids)]
     rng = random.Random(seed)
     out = []
-    for n, (gen, ids) in enumerate(zip(gens, reasoning_ids)):
-        # Next-token probabilities right after "\boxed{", restricted to the options' first tokens
-        # ("1" vs "-" with SmolLM2's tokenizer); the rest of the verdict is forced. Comparing
-        # whole-sequence probabilities instead would favour the shorter spelling.
-        rows = range(len(options) * n, len(options) * (n + 1))  # this reasoning's scored options
-        firsts = torch.tensor([scored[r][len(opener)] for r in rows], dtype=torch.float64)
+    for gen, ids, (rows, firsts) in zip(
+        gens, reasoning_ids, _scored_options(engine, choice, contexts, temperature, cache)
+    ):
         score = choice.pick(firsts, rng.random())
-        picked = rows[list(options).index(score)]
         reasoning = tokenizer.decode(ids, skip_special_tokens=True)
-        logprobs = gen.logprobs[: len(ids)] + scored[picked]
-        out.append(_verdict(reasoning, ids + continuations[picked], logprobs, score))
+        logprobs = gen.logprobs[: len(ids)] + rows[score]
+        out.append(_verdict(reasoning, ids + choice.opener + choice.options[score] + choice.closer, logprobs, score))
+    return out
+
+
+def _scored_options(engine, choice: Choice, contexts, temperature: float, cache: PrefixCache) -> list[tuple]:
+    """Each context scored with each option's verdict appended (opener, option, closer) ->
+    per context ({option value: the verdict's log-probs}, the options' first-token log-probs
+    (K,) in `options`' order, float64, for `Choice.pick`). The first tokens are read right after
+    "\\boxed{" ("1" vs "-" with SmolLM2's tokenizer); the rest of the verdict is forced.
+    Comparing whole-sequence probabilities instead would favour the shorter spelling."""
+    tails = [choice.opener + tokens + choice.closer for tokens in choice.options.values()]
+    scored = engine.score(
+        [context for context in contexts for _ in tails],
+        [tail for _ in contexts for tail in tails],
+        temperature=temperature,
+        prefix_cache=cache,
+    )
+    k, out = len(tails), []
+    for n in range(len(contexts)):
+        rows = dict(zip(choice.options, scored[k * n : k * (n + 1)]))
+        firsts = torch.tensor([logprobs[len(choice.opener)] for logprobs in rows.values()], dtype=torch.float64)
+        out.append((rows, firsts))
     return out
