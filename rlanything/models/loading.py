@@ -210,6 +210,7 @@ def resolve_model_path(spec: str) -> Path:
 
 # A tokenizer's files, as opposed to weights and optimizer state: what `load_tokenizer` keys on.
 _TOKENIZER_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")
+_TOKENIZERS: dict[str, object] = {}  # the digest of a folder's tokenizer files -> its tokenizer
 
 
 def load_tokenizer(path: Path):
@@ -235,9 +236,6 @@ def load_tokenizer(path: Path):
             _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
         _TOKENIZERS[key] = tok
     return _TOKENIZERS[key]
-
-
-_TOKENIZERS: dict[str, object] = {}  # the digest of a folder's tokenizer files -> its tokenizer
 
 
 def resolve_device(device: str = "auto"):
