@@ -2,14 +2,17 @@
 its time goes.
 
     python -m benchmarks.update_replay RUN_DIR [--iteration 0] [--kind policy|rm]
-        [--precision fp32,bf16] [--repeats 2] [--micro N] [--profile]
+        [--precision fp32,bf16] [--attention tree] [--repeats 2] [--micro N] [--profile]
 
 Takes the samples the update of `kind` trained on in that iteration (`agent.rm_roles.update_samples`:
 its kept rollout steps or judgments, as the step reads them) and the weights it started from,
 and runs the update again as the step runs it (`distributed.run_update`: load, the trainer's own
 old log-probs where the precision calls for them (`algo.old_logprobs`), the PPO passes, the
 checkpoint written) into a scratch folder: once per precision and repeat, alternating (fp32,
-bf16, fp32, bf16, ...) so a neighbour's load falls on both. The run's own settings otherwise;
+bf16, fp32, bf16, ...) so a neighbour's load falls on both. `--attention tree,mask` alternates
+the packed rows' attention as well: `tree` as shipped (`tree_attention`, each shared prefix
+once per branch, for rows of TREE_MIN_NODES or more), `mask` every row over its (N, N)
+ancestor mask (the path before tree attention). The run's own settings otherwise;
 `--micro` overrides the micro-batch size. Prints each run's seconds, the fastest per precision
 and the ratio. `--profile`: one more run per precision under torch's profiler, its self time
 grouped into PARTS (the profiler's own cost inflates the total a little). On a CPU without bf16
@@ -37,7 +40,9 @@ from rlanything.agent.rm_roles import update_samples
 from rlanything.agent.update_data import steps_taken, update_job
 from rlanything.config import load_config
 from rlanything.models.precision import recompute_old_logprobs, run_precision
+from rlanything.models.training import tree_attention
 from rlanything.models.training.distributed import run_update
+from rlanything.patching import swapped
 from rlanything.storage.layout import RunLayout
 
 # where an update's time goes: aten ops by name (profiler self time); the rest is "other"
@@ -76,6 +81,7 @@ def main() -> None:
     parser.add_argument("--iteration", type=int, default=0)
     parser.add_argument("--kind", choices=["policy", "rm"], default="policy")
     parser.add_argument("--precision", default="fp32,bf16", help="of fp32, bf16: comma-separated, alternated")
+    parser.add_argument("--attention", default="tree", help="of tree, mask: comma-separated, alternated")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--micro", type=int, default=None, help="micro-batch size (default: the run's)")
     parser.add_argument("--profile", action="store_true")
@@ -102,28 +108,37 @@ def main() -> None:
     assert set(precisions) <= {"fp32", "bf16"}, args.precision
     precisions = timed_precisions(precisions)  # no bf16 on a CPU without bf16 units
 
-    def once(precision: str) -> float:
+    attentions = args.attention.split(",")
+    assert set(attentions) <= {"tree", "mask"}, args.attention
+    variants = [(p, a) for p in precisions for a in attentions]
+
+    def once(precision: str, attention: str) -> float:
         recompute = recompute_old_logprobs(config.algo.old_logprobs, sampler, precision)
-        with tempfile.TemporaryDirectory() as out:
+        min_nodes = tree_attention.TREE_MIN_NODES if attention == "tree" else sys.maxsize
+        with tempfile.TemporaryDirectory() as out, swapped(tree_attention, "TREE_MIN_NODES", min_nodes):
             start = time.perf_counter()
             run_update(replace(job, out=out, precision=precision, recompute_old=recompute), samples)
             return time.perf_counter() - start
 
-    seconds = {p: [] for p in precisions}
+    seconds = {v: [] for v in variants}
     for _ in range(args.repeats):
-        for precision in precisions:
-            seconds[precision].append(once(precision))
-            print(f"   {precision}: {seconds[precision][-1]:.2f} s", flush=True)
-    best = {p: min(s) for p, s in seconds.items()}
-    print("   fastest: " + ", ".join(f"{p} {s:.2f} s" for p, s in best.items()))
-    if {"fp32", "bf16"} <= set(best):
-        print(f"   bf16 speed-up (fp32 s / bf16 s): {best['fp32'] / best['bf16']:.2f}")
+        for v in variants:
+            seconds[v].append(once(*v))
+            print(f"   {' '.join(v)}: {seconds[v][-1]:.2f} s", flush=True)
+    best = {v: min(s) for v, s in seconds.items()}
+    print("   fastest: " + ", ".join(f"{' '.join(v)} {s:.2f} s" for v, s in best.items()))
+    for a in attentions:
+        if ("fp32", a) in best and ("bf16", a) in best:
+            print(f"   bf16 speed-up ({a}; fp32 s / bf16 s): {best['fp32', a] / best['bf16', a]:.2f}")
+    for p in precisions:
+        if (p, "tree") in best and (p, "mask") in best:
+            print(f"   tree attention speed-up ({p}; mask s / tree s): {best[p, 'mask'] / best[p, 'tree']:.2f}")
     if args.profile:
-        for precision in precisions:
+        for v in variants:
             with torch.profiler.profile() as prof:
-                once(precision)
+                once(*v)
             parts = ", ".join(f"{part} {ms / 1000:.2f}" for part, ms in profile_parts(prof, PARTS).items())
-            print(f"   {precision}: where the update goes (s, profiled): {parts}")
+            print(f"   {' '.join(v)}: where the update goes (s, profiled): {parts}")
 
 
 if __name__ == "__main__":

@@ -182,18 +182,19 @@ def test_the_update_replay_benchmark_reruns_the_update_on_its_own_samples(run, k
     result, _ = run
     trained = pd.read_parquet(RunLayout(Path(result["run_dir"])).artifact(0, f"{kind}_update"))
     samples = int(trained[trained.epoch == 0].num_samples.sum())  # each kept sample once per epoch
-    args = [result["run_dir"], "--kind", kind, "--repeats", "1", "--profile"]
+    args = [result["run_dir"], "--kind", kind, "--repeats", "1", "--profile", "--attention", "tree,mask"]
     out = run_benchmark("update_replay", *args, env={"RLANYTHING_CPU_FLAGS": None})  # the suite empties them
     assert int(re.search(r"^   (\d+) samples, \d+ tokens", out, re.M).group(1)) == samples, out
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("RLANYTHING_CPU_FLAGS", raising=False)
         bf16 = bool(set(BF16_FLAGS) & cpu_flags())
     if bf16:
-        assert float(re.search(r"bf16 speed-up \(fp32 s / bf16 s\): ([\d.]+)", out).group(1)) > 0
+        assert float(re.search(r"bf16 speed-up \(tree; fp32 s / bf16 s\): ([\d.]+)", out).group(1)) > 0
     else:
         assert "bf16 not timed on this CPU" in out, out
+    assert float(re.search(r"tree attention speed-up \(fp32; mask s / tree s\): ([\d.]+)", out).group(1)) > 0
     for precision in ("fp32", "bf16") if bf16 else ("fp32",):
-        line = re.search(rf"^   {precision}: where the update goes \(s, profiled\): (.+)$", out, re.M)
+        line = re.search(rf"^   {precision} mask: where the update goes \(s, profiled\): (.+)$", out, re.M)
         parts = {k.strip(): float(v) for k, v in re.findall(r"([^,]+?) ([\d.]+)(?:,|$)", line.group(1))}
         assert {"matmuls", "attention", "optimizer and clipping", "other", "total"} <= set(parts), out
         assert parts["matmuls"] > 0 and parts["optimizer and clipping"] > 0, out
