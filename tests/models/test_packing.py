@@ -106,3 +106,16 @@ def test_gradients_do_not_depend_on_the_thread_count(tiny_model_path):
     reference = grads[1][0]
     for got in grads[1][1:] + grads[4]:
         assert all(torch.equal(a, b) for a, b in zip(reference, got))
+
+
+def test_an_eager_model_gets_the_mask_it_can_add(tiny_model_path):
+    """Eager attention adds a 4D mask to its scores: the ancestor mask reaches it as 0 / dtype
+    min (a bool mask added 1 to the seen scores and hid nothing: log-probs off by ~0.3)."""
+    model = load_model(tiny_model_path)
+    seqs, lens = shared_batch(3)
+    with torch.no_grad():
+        padded, mask = response_logprobs(model, seqs, lens, 0, 0.7)
+        model.set_attn_implementation("eager")
+        packed, _ = packed_response_logprobs(model, seqs, lens, 0, 0.7)
+    assert model.config._attn_implementation == "eager"
+    assert torch.allclose(padded[mask], packed[mask], atol=1e-5)
