@@ -158,3 +158,28 @@ def test_a_model_that_cannot_switch_keeps_its_attention():
 
     with shared_prefix_attention(Plain()) as switched:
         assert not switched
+
+
+@pytest.mark.parametrize("mask", ["bool", None])
+def test_long_forwards_go_in_chunks_of_queries_with_the_same_result(monkeypatch, mask):
+    """An admission forward's scores (B, H, q, P + S) past SCORE_BYTES: the queries go in chunks
+    (here 96 bytes: one query row of 2·6·(5+7)·4 bytes is 576, so a chunk of 1), each chunk with
+    its rows of the mask, and the output equals the one-piece forward."""
+    import rlanything.models.engines.prefix_attention as prefix_attention
+
+    torch.manual_seed(1)
+    b, heads, kv, d, p, s = 2, 6, 2, 8, 5, 7
+    q, k, v = torch.randn(b, heads, s, d), torch.randn(b, kv, s, d), torch.randn(b, kv, s, d)
+    visible = torch.ones(b, 1, s, s, dtype=torch.bool).tril()
+    visible[1, :, :, :2] = False  # row 1 left-padded by two columns
+    visible[1, :, :2, :2] = torch.eye(2, dtype=torch.bool)  # its pad queries see themselves
+    prefix = SharedPrefix([torch.randn(kv, p, d)], [torch.randn(kv, p, d)])
+    given = visible if mask else None
+    whole, _ = attention(Layer(), q, k, v, given, scaling=0.3, shared_prefix=prefix)
+    calls = []
+    inner = prefix_attention._prefix_attention
+    monkeypatch.setattr(prefix_attention, "_prefix_attention", lambda *a: calls.append(1) or inner(*a))
+    monkeypatch.setattr(prefix_attention, "SCORE_BYTES", 96)
+    chunked, _ = attention(Layer(), q, k, v, given, scaling=0.3, shared_prefix=prefix)
+    assert len(calls) == s  # one query a chunk
+    assert torch.allclose(whole, chunked, atol=1e-6)

@@ -60,6 +60,13 @@ class SharedPrefix:
         self.used.clear()
 
 
+# bytes of one layer's scores (query rows x keys, per head) that a forward may hold at once: an
+# admission forward feeds whole prompts (q ~ S ~ 2,000 tokens on text games), and its full
+# (B, H, q, P + S) scores, with the masked copy, the concatenation and the softmax, held 13 GB
+# of a 128-game evaluation under an 8 GB run.memory_gb; queries go in chunks past this
+SCORE_BYTES = 64 * 2**20
+
+
 def attention(
     module, query, key, value, attention_mask, dropout=0.0, scaling=None, shared_prefix=None, **kwargs
 ) -> tuple[torch.Tensor, None]:
@@ -67,16 +74,43 @@ def attention(
 
     query (B, H, q, d), key/value (B, h, S, d) (the rows' own columns; H = g·h query heads per
     KV head), attention_mask (B or 1, 1, q, S) bool or additive, or None (no padding; causal when
-    q > 1) -> (B, q, H, d). The prefix (h, P, d) is visible to every query.
+    q > 1) -> (B, q, H, d). The prefix (h, P, d) is visible to every query. Queries go in chunks
+    whose scores take at most SCORE_BYTES (each query's softmax is its own: the same result).
     """
     if shared_prefix is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     shared_prefix.used.add(module.layer_idx)
     pk, pv = shared_prefix.keys[module.layer_idx], shared_prefix.values[module.layer_idx]
     b, heads, q, d = query.shape
+    s = key.shape[2]
+    if attention_mask is None and q > 1:  # SDPA's causal case: square, no cache
+        attention_mask = torch.ones(q, s, dtype=torch.bool, device=query.device).tril(s - q)[None, None]
+    scale = scaling if scaling is not None else d**-0.5
+    per_query = b * heads * (pk.shape[1] + s) * 4  # fp32 scores of one query row
+    chunk = max(1, SCORE_BYTES // per_query)
+    outs = [
+        _prefix_attention(
+            query[:, :, i : i + chunk],
+            key,
+            value,
+            None if attention_mask is None else attention_mask[:, :, i : i + chunk],
+            pk,
+            pv,
+            scale,
+        )
+        for i in range(0, q, chunk)
+    ]
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, 2)  # (B, H, q, d)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _prefix_attention(query, key, value, attention_mask, pk, pv, scale) -> torch.Tensor:
+    """`attention` for one chunk of queries: query (B, H, q, d), mask (B or 1, 1, q, S) or None
+    -> (B, H, q, d)."""
+    b, heads, q, d = query.shape
     h, s, p = key.shape[1], key.shape[2], pk.shape[1]
     rows = heads // h * q  # query rows per KV head of one sequence: (g, q) flattened
-    query = query.reshape(b, h, rows, d) * (scaling if scaling is not None else d**-0.5)
+    query = query.reshape(b, h, rows, d) * scale
     # the prefix: one (B·rows, d) @ (d, P) product per KV head, the prefix read once
     scores_p = torch.matmul(query.transpose(0, 1).reshape(h, b * rows, d), pk.transpose(1, 2))
     if query.dtype == torch.float32:
@@ -86,8 +120,6 @@ def attention(
         # cache first (64 rows x 110 columns: 0.75 ms a layer against 0.25); fp32 keeps the form
         # it always had, so its results stay bit-identical
         scores_s = torch.matmul(key, query.transpose(2, 3)).transpose(2, 3)
-    if attention_mask is None and q > 1:  # SDPA's causal case: square, no cache
-        attention_mask = torch.ones(q, s, dtype=torch.bool, device=query.device).tril(s - q)[None, None]
     if attention_mask is not None:
         scores_s = scores_s.view(b, h, heads // h, q, s)
         mask = attention_mask[:, :, None]  # (B, 1, 1, q, S): the same for every head
@@ -101,7 +133,7 @@ def attention(
     out = torch.matmul(probs[..., p:], value)  # (B, h, rows, d)
     out_p = torch.matmul(probs[..., :p].transpose(0, 1).reshape(h, b * rows, p), pv)
     out = out + out_p.view(h, b, rows, d).transpose(0, 1)
-    return out.view(b, heads, q, d).transpose(1, 2).contiguous(), None
+    return out.view(b, heads, q, d)
 
 
 def forward(model, prefix: SharedPrefix | None, position_ids: torch.Tensor, **inputs):
