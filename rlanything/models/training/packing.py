@@ -15,8 +15,9 @@ rows of their own. Measured on a real SmolLM2 RM update (75 judgments, 17k token
 75 s instead of 118 s; tests/models/test_packing.py checks the equality. Rows of
 `tree_attention.TREE_MIN_NODES` nodes or more skip the mask: `tree_attention` computes each
 branch's attention over its own ancestors only (the exact work, not N²), where the model's
-attention can be switched; a text-game policy update (prompts ~1,000 tokens, bf16, a shared
-2-core machine) took 72-75 s instead of 91-115 s, its attention 23 s instead of 49.
+attention can be switched; a replayed text-game policy update (prompts ~1,000 tokens, bf16,
+one thread, a quiet 2-core machine) took 63-66 s instead of 72-74 s, its attention 23 s
+instead of 49 (profiled).
 
 Worked example: sequences [5, 6, 7] and [5, 6, 8] (prompt [5, 6], responses of one token) pack
 into one row of tokens [5, 6, 7, 8] at positions [0, 1, 2, 2]; token 8 attends to 5, 6 and
