@@ -29,10 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformers import PreTrainedModel
 
 from rlanything.algo.losses import token_entropy, token_logprobs
-from rlanything.models.training.tree_attention import tree_attention
+from rlanything.models.training.tree_attention import core_model, tree_attention
 
 # a row's attention costs (nodes)² per head, negligible next to its linear layers at this size
 SHORT_ROW = 1024
@@ -160,7 +159,7 @@ def _mask_for(model, mask: torch.Tensor) -> torch.Tensor:
     mask (0 seen, dtype min hidden) otherwise. transformers passes a 4D mask through as it is,
     and eager attention adds it to the scores, so a bool mask there added 1 to the seen scores
     and hid nothing: packed log-probs off by up to 0.28 on a tiny Llama, with no error."""
-    core = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
+    core = core_model(model)
     if core is None or getattr(core.config, "_attn_implementation", None) == "sdpa":
         return mask
     dtype = next(core.parameters()).dtype

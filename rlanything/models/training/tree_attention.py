@@ -227,11 +227,16 @@ def attention(
 AttentionInterface.register(NAME, attention)
 
 
+def core_model(model) -> PreTrainedModel | None:
+    """The transformers model inside `model` (DDP, DeepSpeed, peft wrap it); None if none."""
+    return next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
+
+
 def _switchable(model) -> PreTrainedModel | None:
-    """The transformers model inside `model` (DDP, DeepSpeed, peft wrap it) where its attention
-    can be switched to NAME: SDPA now (what the mask path runs), through AttentionInterface,
-    no gradient checkpointing (its recompute in the backward would run outside the switch)."""
-    core = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
+    """`core_model` where its attention can be switched to NAME: SDPA now (what the mask path
+    runs), through AttentionInterface, no gradient checkpointing (its recompute in the backward
+    would run outside the switch)."""
+    core = core_model(model)
     if core is None or getattr(core.config, "_attn_implementation", None) != "sdpa":
         return None
     if not core._can_set_attn_implementation() or getattr(core, "is_activation_checkpointing", True):
