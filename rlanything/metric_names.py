@@ -65,6 +65,33 @@ def adapt_metric(decision: str) -> str:
     return f"adapt/{decision}"
 
 
+# held-out evaluation (`rlanything eval`, eval.rm): the RM's measures of each split
+RM_MEASURES = (
+    "rm_step_accuracy",
+    "rm_outcome_accuracy",
+    "rm_outcome_auroc",
+    "rm_outcome_auroc_low",
+    "rm_outcome_auroc_high",
+    "rm_score_gap",
+    "rm_judged",
+    "rm_solved_judged",
+    "rm_unsolved_judged",
+    "rm_parse_rate",
+    "rm_outcome_before_last_auroc",
+    "rm_outcome_before_last_auroc_low",
+    "rm_outcome_before_last_auroc_high",
+    "rm_judged_before_last",
+)
+"""The RM's columns of a split's row (`agent.eval_judge.rm_measures`), logged as `eval/<split>/<measure>`
+(`agent.eval_parts.merge_parts`) and read back by `reports.eval_report`: the *before_last* ones are the
+outcome AUROC from the steps before each episode's last only (the win message left out:
+`agent.eval_judge.outcome_before_last`); the others `outcome_prediction`'s step_accuracy,
+trajectory_accuracy, auroc with its 95% stratified-bootstrap interval (auroc_low, auroc_high: NaN
+where fewer than `algo.rm_accuracy.MIN_CLASS` judged episodes were solved or unsolved), score_gap,
+trajectories (episodes judged) and of those the solved (positives) and unsolved (negatives), and
+the fraction of its judgments whose verdict parsed."""
+
+
 # every step: its wall time
 def step_time(step: str) -> str:
     """ "time/rollout_s": the wall time of a step (seconds)."""

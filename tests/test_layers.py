@@ -268,13 +268,14 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
 
 
 def import_graph(package: Path) -> dict[str, set[str]]:
-    """Module -> the modules of `package` (a folder named rlanything) it imports when it runs,
-    at its top or inside a function.
+    """Module -> the modules of `package` (a folder named rlanything) it imports anywhere: at its
+    top, inside a function, or under `if TYPE_CHECKING:`.
 
     A name resolves to the module that defines it: `from rlanything.models import packing` is an
     edge to rlanything.models.training.packing, `from rlanything.models.engines.transformers_engine import X` one to
-    rlanything.models.engines.transformers_engine. Imports under `if TYPE_CHECKING:` are left out: they never run, so
-    they cannot make a circular import (and type checkers resolve such circles)."""
+    rlanything.models.engines.transformers_engine. A `TYPE_CHECKING` import never runs, so it cannot
+    fail at import time, but it still ties the two modules together: a circle closed through one is
+    a circle all the same (docs/architecture.md), and the graph keeps it."""
     files = {}
     for path in sorted(package.rglob("*.py")):
         parts = path.relative_to(package.parent).with_suffix("").parts
@@ -495,17 +496,21 @@ def test_every_reader_of_the_steps_follows_the_declaration():
         parse_fault("raise:reflect")
 
 
+def tree_block(markdown: str) -> str:
+    """The layer tree: the first code block under "## Layers"."""
+    section = ("\n" + markdown).split("\n## Layers\n", 1)[1]
+    return section.split("```\n", 1)[1].split("```", 1)[0]
+
+
 def tree_entries(markdown: str) -> set[str]:
-    r"""The package's top-level folders and modules the layer tree (the first code block under
-    "## Layers") names at its first indentation, and those a comma list there names.
+    r"""The package's top-level folders and modules the layer tree names at its first indentation,
+    and those a comma list there names.
 
     >>> sorted(tree_entries("## Layers\n```\nrlanything/\n  cli.py  x\n  agent/  y\n  a.py, b.py: z\n    sub/  w\n```\n"))
     ['a', 'agent', 'b', 'cli']
     """
-    section = ("\n" + markdown).split("\n## Layers\n", 1)[1]
-    block = section.split("```\n", 1)[1].split("```", 1)[0]
     names = set()
-    for line in block.splitlines():
+    for line in tree_block(markdown).splitlines():
         if line.startswith("  ") and not line.startswith("   "):
             first = line.split()[0]
             head = line.strip().split(": ", 1)[0] if first.endswith(".py,") else first
@@ -513,13 +518,43 @@ def tree_entries(markdown: str) -> set[str]:
     return names
 
 
-def test_the_layer_tree_names_every_top_level_folder_and_module_and_nothing_else():
+def tree_folders(markdown: str) -> dict[str, set[str]]:
+    r"""Each folder the layer tree gives a line of its own (`  agent/`; `    engines/` under
+    `  models/`) -> the modules (`name.py`) its entry names, on that line and the lines under it
+    indented deeper than any entry.
+
+    >>> tree = "## Layers\n```\nrlanything/\n  cli.py  x\n  m/  a.py, b\n        c.py\n    e/  d.py\n```\n"
+    >>> {folder: sorted(modules) for folder, modules in tree_folders(tree).items()}
+    {'m': ['a', 'c'], 'm/e': ['d']}
+    """
+    folders: dict[str, set[str]] = {}
+    path: list[str] = []
+    current = None
+    for line in tree_block(markdown).splitlines()[1:]:
+        indent = len(line) - len(line.lstrip())
+        if indent in (2, 4):  # an entry: a folder (then its modules follow) or a module
+            folder = re.match(r"(\w+)/\s", line.lstrip())
+            path = path[: indent // 2 - 1] + [folder[1] if folder else ""]
+            current = "/".join(path) if folder else None
+            if current:
+                folders[current] = set()
+        if current:
+            folders[current].update(re.findall(r"(\w+)\.py\b", line))
+    return folders
+
+
+def test_the_layer_tree_names_every_folder_and_module_and_nothing_else():
     tree = tree_entries(ARCHITECTURE.read_text())
     package = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir() if p.suffix == ".py" or p.is_dir()}
     package -= {"__init__", "__pycache__"}
     assert tree == package
     layers = {layer for tier in ORDER for layer in tier} - {"__init__"}
     assert layers == package  # and each is a layer of the order (and so of the table)
+    named = tree_folders(ARCHITECTURE.read_text())
+    folders = {p.parent.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")} - {"."}
+    assert set(named) == folders  # every folder with modules has its entry
+    for folder, modules in named.items():
+        assert modules == {p.stem for p in (PACKAGE / folder).glob("*.py")} - {"__init__"}, folder
 
 
 def repeated_file_names(package: Path) -> dict[str, list[str]]:

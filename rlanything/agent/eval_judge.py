@@ -202,7 +202,7 @@ def shares_of(judged: pd.DataFrame, episodes: pd.DataFrame, labels: pd.DataFrame
 def rm_measures(
     episodes: pd.DataFrame, judgments: pd.DataFrame, labels: pd.DataFrame | None = None
 ) -> dict[str, dict[str, float]]:
-    """split -> `reports.eval_report.RM_MEASURES`, from eval episodes (split, problem_idx, outcome, num_steps) and their judgments
+    """split -> `metric_names.RM_MEASURES`, from eval episodes (split, problem_idx, outcome, num_steps) and their judgments
     (EVAL_JUDGMENTS), and with the environment's step `labels` (EVAL_STEP_LABELS) also
     `PROCESS_MEASURES` and "rm_verdict_shares" (`shares_of`). Rates are NaN where nothing was judged, the AUROC also where a split's
     judged episodes share one outcome, its 95% interval (`algo.rm_accuracy.auroc_interval`) where

@@ -345,7 +345,7 @@ def merged_splits(path: Path, schema, parts: list[str], evaluated: set[str]) -> 
 
 PROVENANCE = ("play_key", "rm_key", "episodes_from", "judgments_from")
 """The keys of a summary.json split row that say where its episodes and judgments come from
-(`tasks.evaluate.evaluate_split`'s provenance): what a later evaluation compares to reuse them."""
+(`agent.eval_parts.play_and_judge`'s provenance): what a later evaluation compares to reuse them."""
 
 
 def is_nan(value) -> bool:

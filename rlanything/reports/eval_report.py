@@ -27,31 +27,7 @@ from matplotlib.ticker import MaxNLocator
 from rich.table import Table
 
 from rlanything.algo.rm_accuracy import MIN_CLASS
-from rlanything.metric_names import is_step_time
-
-RM_MEASURES = (
-    "rm_step_accuracy",
-    "rm_outcome_accuracy",
-    "rm_outcome_auroc",
-    "rm_outcome_auroc_low",
-    "rm_outcome_auroc_high",
-    "rm_score_gap",
-    "rm_judged",
-    "rm_solved_judged",
-    "rm_unsolved_judged",
-    "rm_parse_rate",
-    "rm_outcome_before_last_auroc",
-    "rm_outcome_before_last_auroc_low",
-    "rm_outcome_before_last_auroc_high",
-    "rm_judged_before_last",
-)
-"""The RM's columns of a split's row (`agent.eval_judge.rm_measures`): the *before_last* ones are
-the outcome AUROC from the steps before each episode's last only (the win message left out:
-`agent.eval_judge.outcome_before_last`); the others `outcome_prediction`'s
-step_accuracy, trajectory_accuracy, auroc with its 95% stratified-bootstrap interval (auroc_low,
-auroc_high: NaN where fewer than `algo.rm_accuracy.MIN_CLASS` judged episodes were solved or
-unsolved), score_gap, trajectories (episodes judged) and of those the solved (positives) and
-unsolved (negatives), and the fraction of its judgments whose verdict parsed."""
+from rlanything.metric_names import RM_MEASURES, is_step_time
 
 
 def pct(value: float) -> str:

@@ -17,7 +17,7 @@ state only in N's folder, everything older goes. Each removal is appended to
 
 Identity (`weights_digest`): a digest of what a folder holds for generation (weights, model and
 generation config, tokenizer; not the optimizer state), by which a held-out evaluation knows the
-policy it plays has not changed since an earlier one (tasks/evaluate.py).
+policy it plays has not changed since an earlier one (agent/eval_parts.py).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from rlanything.agent.judging import steps_to_judge  # noqa: E402
 from rlanything.algo.rm_accuracy import auroc_interval  # noqa: E402
 from rlanything.config import build_config  # noqa: E402
 from rlanything.envs.heldout import heldout_specs  # noqa: E402
-from rlanything.reports.eval_report import RM_MEASURES  # noqa: E402
+from rlanything.metric_names import RM_MEASURES  # noqa: E402
 from rlanything.storage.parquet import read_table  # noqa: E402
 from rlanything.storage.schemas import EVAL_JUDGMENTS  # noqa: E402
 

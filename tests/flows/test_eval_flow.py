@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from rlanything.algo.rm_accuracy import outcome_prediction
 from rlanything.cli import app
-from rlanything.reports.eval_report import RM_MEASURES, eval_history
+from rlanything.metric_names import RM_MEASURES
+from rlanything.reports.eval_report import eval_history
 from rlanything.storage.parquet import read_table
 from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS
 

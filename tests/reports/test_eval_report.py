@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rlanything.reports.eval_report import RM_MEASURES, eval_history, plot_splits, summary_markdown
+from rlanything.metric_names import RM_MEASURES
+from rlanything.reports.eval_report import eval_history, plot_splits, summary_markdown
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pixel checks beside this file
 from pictures import panels, share_of  # noqa: E402
