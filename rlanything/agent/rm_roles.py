@@ -43,7 +43,7 @@ Frames = dict[str, pd.DataFrame]
 
 @dataclass(frozen=True)
 class RmRole:
-    """The four things a role decides."""
+    """The four things a role decides, and whether its RM judges steps."""
 
     score: Callable[[Config, RunLayout, int, Frames], tuple[dict[str, list[dict]], dict]]
     """rm_score: (config, layout, iteration, frames) -> ({artifact: rows}, written in this order,
@@ -54,6 +54,10 @@ class RmRole:
     """adapt_tasks: what the critic summary reads, in the judgment columns."""
     rm_samples: Callable[[Config, RunLayout, int], list[Sample]]
     """rm_update: the RM's kept samples of an iteration."""
+    judges_steps: bool
+    """Whether the RM judges steps (verdicts in judgments.parquet): what a held-out evaluation's RM
+    measures (`flows/evaluation.py`) and what an experiment's policy-only arm takes out of the loop
+    (`flows/experiment.py`, with rm.judgments_per_step 0)."""
 
 
 def _judgment_rows(config: Config, frames: Frames, lam: float) -> pd.DataFrame:
@@ -92,12 +96,14 @@ RM_ROLES: dict[str, RmRole] = {
         rm_samples=lambda config, layout, iteration: judgment_samples(
             config, layout, iteration, chosen_only=not config.rm.train_forced_tokens
         ),
+        judges_steps=True,
     ),
     "unit_tests": RmRole(
         score=score_with_unit_tests,
         advantage_rows=_unit_test_rows,
         critic_judgments=lambda f: failed_test_judgments(f["unit_tests"], f["pass_matrix"], f["rollouts"]),
         rm_samples=lambda config, layout, iteration: unit_test_samples_of(layout, iteration),
+        judges_steps=False,  # it writes tests
     ),
 }
 

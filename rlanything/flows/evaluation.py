@@ -51,6 +51,7 @@ from pathlib import Path
 
 from prefect import flow
 
+from rlanything.agent.rm_roles import RM_ROLES
 from rlanything.agent.run_context import saved_models
 from rlanything.config import Config, ConfigError, load_config
 from rlanything.envs.heldout import SPLITS
@@ -168,7 +169,7 @@ def rm_target(config: Config, resolved: EvalTarget) -> tuple[Path | None, str]:
         return None, "off (eval.rm: false)"
     if not config.rm.judgments_per_step:
         return None, "off (rm.judgments_per_step: 0, no RM in the loop)"
-    if config.rm.role != "judge":
+    if not RM_ROLES[config.rm.role].judges_steps:
         return None, f"none (rm.role {config.rm.role} judges no step)"
     if resolved.run_dir is None or resolved.iteration == BASE:
         from rlanything.models.loading import resolve_model_path

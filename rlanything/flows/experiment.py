@@ -51,6 +51,7 @@ import pandas as pd
 from prefect import flow, get_run_logger
 
 from rlanything import stopping
+from rlanything.agent.rm_roles import RM_ROLES
 from rlanything.config import Config, ConfigError, load_config
 from rlanything.flows.evaluation import BASE, eval_dir, eval_flow
 from rlanything.flows.runlock import run_lock
@@ -109,7 +110,7 @@ def arm_overrides(overrides: list[str], config: Config, name: str, arm: str, see
     leaves a judging RM out), its name and seed, and an evaluation after every iteration unless
     the config asks for one."""
     spec = ARMS[arm]
-    no_rm = [NO_RM] if spec.no_rm_judge and config.rm.role == "judge" else []  # unit_tests: m = 0 refused
+    no_rm = [NO_RM] if spec.no_rm_judge and RM_ROLES[config.rm.role].judges_steps else []  # unit_tests: m = 0 refused
     every = [] if config.eval.every else ["eval.every=1"]
     return [*overrides, *spec.overrides, *no_rm, f"run.name={run_name(name, arm, seed)}", f"run.seed={seed}", *every]
 
@@ -190,7 +191,7 @@ def _train_arm(config_path: str, overrides: list[str], config: Config, iteration
 def base_eval_kind(config: Config) -> int:
     """What a run's evaluation of its starting model judges with: m RM verdicts per step, or 0
     (eval.rm off, no RM in the loop, an RM that writes unit tests). Arms of one kind share it."""
-    return config.rm.judgments_per_step if config.eval.rm and config.rm.role == "judge" else 0
+    return config.rm.judgments_per_step if config.eval.rm and RM_ROLES[config.rm.role].judges_steps else 0
 
 
 def _share_base_eval(source: Path | None, run_dir: Path) -> None:
