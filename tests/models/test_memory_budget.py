@@ -34,10 +34,29 @@ g = torch.Generator().manual_seed(0)
 seqs = [torch.randint(5, 4000, (16 + 160,), generator=g).tolist() for _ in range(16)]
 samples = [Sample(s, 160, [-1.0] * 160, (-1.0) ** k) for k, s in enumerate(seqs)]
 
+def decode():
+    # KV-heavy (16 KiB a token): 24 rows of 700-900 tokens, three turns that extend the last
+    from rlanything.models.engines.generation import PrefixCache
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=8,
+                         num_attention_heads=8, num_key_value_heads=8, head_dim=32)
+    engine = TransformersEngine(LlamaForCausalLM(config).eval(), tokenizer, batch_size=24,
+                                keep_bytes=min(2**30, memory.budget_bytes() / 4))  # make_engine's rule
+    engine.eos_ids = []  # every row runs its 8 tokens
+    cache, prompts, out = PrefixCache(), [s * 5 for s in seqs] + [s * 4 for s in seqs[:8]], []
+    for turn in range(3):
+        gens = engine.generate(prompts, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=turn, prefix_cache=cache)
+        out.append([g.token_ids for g in gens])
+        prompts = [p + g.token_ids + s[:100] for p, g, s in zip(prompts, gens, seqs * 2)]
+    return {"peak_gb": memory.peak_gb(), "out": out}
+
 def case(what, budget):
     model = load_model(path)
     memory._budget[0] = float("inf") if budget is None else budget * 2**30
     memory.reset_peak()
+    if what == "decode":
+        return decode()
     if what == "score":
         engine = TransformersEngine(model, tokenizer, batch_size=16)
         out = engine.score([s[:16] for s in seqs], [s[16:] for s in seqs], temperature=1.0)
@@ -51,7 +70,8 @@ def case(what, budget):
     return {"peak_gb": memory.peak_gb(), "out": [p.detach().flatten()[:256].tolist() for p in model.parameters()]}
 
 # bounded first: memory an unbounded case freed may stay in the process (the allocator keeps it)
-order = [("update", BUDGET), ("score", BUDGET), ("update", None), ("score", None), ("update", 0.3)]
+order = [("update", BUDGET), ("score", BUDGET), ("decode", BUDGET), ("update", None), ("score", None), ("decode", None),
+         ("update", 0.3)]
 print(json.dumps({f"{what} {budget}": case(what, budget) for what, budget in order}))
 """
 
@@ -66,12 +86,18 @@ def cases() -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("what", ["update", "score"])
+@pytest.mark.parametrize("what", ["update", "score", "decode"])
 def test_a_small_budget_holds_and_changes_no_number(cases, what):
+    """Decoding: three turns of 24 long rows, each extending the last turn's prompts and reusing
+    its kept KV; under the budget fewer rows decode at once and fewer are kept, and every row
+    samples the same tokens (the seed rule)."""
     free, bounded = cases[f"{what} None"], cases[f"{what} {BUDGET_GB}"]
     print(f"{what}: peak {free['peak_gb']:.2f} GiB unbounded, {bounded['peak_gb']:.2f} GiB under {BUDGET_GB}")
     assert free["peak_gb"] > BUDGET_GB + MARGIN_GB  # the case would break the budget: the test can fail
     assert bounded["peak_gb"] <= BUDGET_GB + MARGIN_GB
+    if what == "decode":
+        assert bounded["out"] == free["out"]
+        return
     for mine, theirs in zip(bounded["out"], free["out"]):  # the same update or scores, summed in more parts
         assert mine == pytest.approx(theirs, abs=1e-5)
 
@@ -95,16 +121,18 @@ def test_the_budget_is_the_setting_or_half_the_machine():
 
 
 def test_decoding_takes_the_rows_the_budget_leaves_and_fails_where_none_fits(tiny_model_path, tiny_tokenizer):
-    """`rows_at_once`: a row of 4,000 tokens costs its KV, its admission forward and its logits
-    (models/footprint.py); the budget left for 3.5 such rows decodes 3 together, and a budget
-    that leaves less than one fails the call before any decoding, naming the setting."""
+    """`rows_at_once`: a row of 4,000 tokens costs its KV twice (a rebuild copies it), its
+    admission forward and its logits (models/footprint.py); the budget left for 3.5 such rows
+    decodes 3 together, and a budget that leaves less than one fails the call before any
+    decoding, naming the setting."""
     from rlanything.models.engines.transformers_engine import TransformersEngine
     from rlanything.models.footprint import forward_bytes, kv_bytes_per_token
     from rlanything.models.loading import load_model
 
     model = load_model(tiny_model_path)
     engine, config = TransformersEngine(model, tiny_tokenizer, batch_size=64), model.config
-    row = kv_bytes_per_token(config, 4) * 4000 + forward_bytes(config, 1, 4000, 1, False)
+    row = 2 * kv_bytes_per_token(config, 4) * 4000 + forward_bytes(config, 1, 4000, 1, False)
+    assert engine.row_bytes(4000) == row
     try:
         memory._budget[0] = memory.rss_bytes() + 3.5 * row
         assert engine.rows_at_once(4000) == 3

@@ -174,6 +174,12 @@ class Decoder:
         """Positions before the cache: the shared prefix's length."""
         return self.prefix.length if self.prefix is not None else 0
 
+    def kv_bytes(self) -> int:
+        """Bytes of the cache's buffers (reserved columns included); 0 before the first row."""
+        if self.cache is None:
+            return 0
+        return sum(getattr(x, "kbuf", x.keys).nbytes + getattr(x, "vbuf", x.values).nbytes for x in self.cache.layers)
+
     @property
     def live(self) -> int:
         return sum(not r.done for r in self.rows)
@@ -271,42 +277,72 @@ class Decoder:
         return torch.cat([shared_keys, keys], 2), torch.cat([shared_values, values], 2)
 
     def _rebuild(self, new: list[tuple[torch.Tensor, torch.Tensor]] | None, new_attn: torch.Tensor | None) -> None:
-        """Drop ended rows and append `new` rows (their per-layer KV and mask), right-aligned in
-        fresh buffers; leading columns masked in every row are cut."""
+        """Drop ended rows and append `new` rows (their per-layer KV and mask) in fresh buffers,
+        each row's real columns packed to the right (`real_columns`): a row reusing little KV
+        beside one reusing much joined with a masked gap as wide as the difference, which would
+        otherwise stay in the buffers (and in every step's attention) until the row ended. The
+        gaps are masked, and positions count real tokens only: packing changes no result.
+        One layer is gathered at a time, so a rebuild holds the old buffers and the new ones."""
         keep = [s for s, r in enumerate(self.rows) if not r.done]
-        parts = []
+        parts = []  # (per-layer (keys, values), source rows, source columns (rows, W), -1: padding)
         if keep:
             index = torch.tensor(keep, device=self.attn.device)
-            attn = self.attn[index]
-            lead = int((attn.cumsum(-1) == 0).sum(-1).min())  # columns masked in every kept row
-            kv = [(layer.keys[index, :, lead:], layer.values[index, :, lead:]) for layer in self.cache.layers]
-            parts.append((kv, attn[:, lead:]))
+            layers = [(layer.keys, layer.values) for layer in self.cache.layers]
+            parts.append((layers, index, real_columns(self.attn[index])))
         if new is not None:
-            parts.append((new, new_attn))
+            parts.append((new, torch.arange(new_attn.shape[0], device=new_attn.device), real_columns(new_attn)))
         self.rows = [self.rows[s] for s in keep]
         self.feed = self.feed[torch.tensor(keep, dtype=torch.long, device=self.feed.device)]
         if not parts:
             self.cache, self.attn = None, self.attn.new_zeros(0, 0)
             return
-        width = max(attn.shape[1] for _, attn in parts)
-        rows = sum(attn.shape[0] for _, attn in parts)
+        width = max(cols.shape[1] for *_, cols in parts)
+        rows = sum(cols.shape[0] for *_, cols in parts)
         self.attn = self.attn.new_zeros(rows, width)
-        layers = []
-        for n in range(len(parts[0][0])):
-            like = parts[0][0][n][0]
-            # columns past `width` are written before they are read; masked pad columns are zeroed
-            # (never garbage: a masked NaN would still poison the attention's weighted sum)
-            keys = like.new_empty(rows, like.shape[1], width + self.reserve, like.shape[3])
-            values = torch.empty_like(keys)
-            start = 0
-            for kv, attn in parts:
-                end, cols = start + attn.shape[0], attn.shape[1]
-                keys[start:end, :, : width - cols] = 0
-                values[start:end, :, : width - cols] = 0
-                keys[start:end, :, width - cols : width] = kv[n][0]
-                values[start:end, :, width - cols : width] = kv[n][1]
-                self.attn[start:end, width - cols :] = attn
-                start = end
-            layers.append(GrowingLayer.of(keys, values, width, self.reserve))
+        start = 0
+        for _, _, cols in parts:
+            self.attn[start : start + cols.shape[0], width - cols.shape[1] :] = cols >= 0
+            start += cols.shape[0]
         self.cache = DynamicCache(config=self.model.config)
-        self.cache.layers = layers
+        self.cache.layers = [self._layer(parts, n, rows, width) for n in range(len(parts[0][0]))]
+
+    def _layer(self, parts, n: int, rows: int, width: int) -> GrowingLayer:
+        """Layer n of the rebuilt cache: every part's rows gathered, right-aligned, pads zeroed
+        (never garbage: a masked NaN would still poison the attention's weighted sum); columns
+        past `width` are written before they are read."""
+        like = parts[0][0][n][0]
+        keys = like.new_empty(rows, like.shape[1], width + self.reserve, like.shape[3])
+        values = torch.empty_like(keys)
+        start = 0
+        for layers, index, cols in parts:
+            end, w = start + len(index), cols.shape[1]
+            for buffer, source in zip((keys, values), layers[n]):
+                buffer[start:end, :, : width - w] = 0
+                buffer[start:end, :, width - w : width] = gather_columns(source, index, cols)
+            start = end
+        return GrowingLayer.of(keys, values, width, self.reserve)
+
+
+def real_columns(attn: torch.Tensor) -> torch.Tensor:
+    """attn (B, C) -> (B, W): each row's real (unmasked) column indices in order, right-aligned,
+    -1 before them; W is the most real columns of a row.
+    [[1, 0, 1], [0, 1, 1]] -> [[0, 2], [1, 2]]; [[0, 0, 1], [1, 1, 1]] -> [[-1, -1, 2], [0, 1, 2]]."""
+    if attn.numel() == 0:
+        return attn.new_zeros(attn.shape[0], 0)
+    columns = torch.arange(attn.shape[1], device=attn.device).expand_as(attn)
+    ordered = torch.where(attn.bool(), columns, -1).sort(-1).values
+    return ordered[:, ordered.shape[1] - int(attn.sum(-1).max()) :]
+
+
+def gather_columns(kv: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """kv (B, heads, C, dim), rows (R,), cols (R, W) from `real_columns` -> (R, heads, W, dim):
+    row rows[r]'s columns cols[r], zeros where cols is -1. Contiguous right-aligned columns
+    (no gap, the common case) are a slice."""
+    width = cols.shape[1]
+    first = kv.shape[2] - width
+    if bool(((cols == torch.arange(first, kv.shape[2], device=cols.device)) | (cols < 0)).all()):
+        out = kv[rows, :, first:]
+        return out.masked_fill((cols < 0)[:, None, :, None], 0) if bool((cols < 0).any()) else out
+    out = kv[rows[:, None], :, cols.clamp(min=0)]  # (R, W, heads, dim): the advanced indices first
+    out[cols < 0] = 0
+    return out.transpose(1, 2)

@@ -21,6 +21,11 @@ from rlanything.models.footprint import kv_bytes_per_token
 from rlanything.models.training.packing import PrefixTree, pack, tree_inputs
 
 
+def kv_size(rows: list) -> int:
+    """Bytes of the keys and values of kept rows [(tokens, keys, values)]."""
+    return sum(k.nbytes + v.nbytes for _, k, v in rows)
+
+
 def padded_tokens(seqs: list[list[int]], reused: list[int], start: int = 0) -> int:
     """Tokens a left-padded forward over `seqs` feeds when row n's first max(reused[n], start)
     tokens are already in the cache: rows × the longest part left.
@@ -93,13 +98,13 @@ class KvPlanner:
             return None
         return self.reuse(seqs, prefix_cache, match)
 
-    def keep_row(self, decoder: Decoder, slot: int, tokens: list[int], kept: list) -> list:
+    def keep_row(self, decoder: Decoder, slot: int, tokens: list[int], kept: list, limit: float | None = None) -> list:
         """[(tokens, keys, values)] of an ended row for `PrefixCache.rows`, or [] past the
-        byte budget (`keep_bytes`, with the rows already kept). Its last sampled token was never
-        fed: the row keeps the tokens its KV covers."""
+        byte budget (`limit`, default `keep_bytes`, with the rows already kept). Its last sampled
+        token was never fed: the row keeps the tokens its KV covers."""
         columns = decoder.offset + int(decoder.attn[slot].sum())  # what row_kv would copy
         size = columns * kv_bytes_per_token(self.model.config, decoder.cache.layers[0].keys.element_size())
-        if sum(k.nbytes + v.nbytes for _, k, v in kept) + size > self.keep_bytes:
+        if kv_size(kept) + size > (self.keep_bytes if limit is None else limit):
             return []  # checked before the copy: with kv_reuse_gb 0 no row is copied
         keys, values = decoder.row_kv(slot)
         n = min(keys.shape[2], len(tokens))

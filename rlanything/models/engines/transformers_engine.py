@@ -24,12 +24,13 @@ from rlanything import memory, stopping
 from rlanything.algo.losses import token_logprobs
 from rlanything.models.engines.decode import Decoder, full_attention, positions
 from rlanything.models.engines.generation import Generation, eos_ids, finish, left_pad
-from rlanything.models.engines.kv_planner import KvPlanner
+from rlanything.models.engines.kv_planner import KvPlanner, kv_size
 from rlanything.models.engines.prefix_attention import SharedPrefix, shared_prefix_attention
 from rlanything.models.footprint import forward_bytes, kv_bytes_per_token
 from rlanything.models.training.packing import packed_response_logprobs
 
 MIN_SHARED = 8  # a call's prompts sharing fewer leading tokens decode without a SharedPrefix
+KV_COPIES = 2  # copies of a decoding row's KV alive at once (`TransformersEngine.row_bytes`)
 
 
 def last_logprobs(model, ids, attn, width: int, temperature: float, cache: DynamicCache | None = None) -> torch.Tensor:
@@ -129,16 +130,25 @@ class TransformersEngine:
         order = self._by_length(prompts)
         return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
 
-    def rows_at_once(self, longest: int) -> int:
-        """How many rows decode together: `batch_size`, fewer if their memory would take more
-        than a quarter of the free memory of the model's device (`torch.cuda.mem_get_info`; on
-        the CPU, psutil's available memory) or, on the CPU, more than the process's memory budget
-        leaves (`memory.headroom_bytes`). A row's memory: its KV cache and its admission
-        forward (`longest` tokens each, models/footprint.py) and its sampling logits.
-        MemoryBudgetError where the budget leaves room for no row at all."""
-        config = self.model.config
+    def row_kv_bytes(self, longest: int) -> int:
+        """Bytes of one row's KV at `longest` columns."""
         size = next(self.model.parameters()).element_size()
-        per_row = kv_bytes_per_token(config, size) * longest + forward_bytes(config, 1, longest, 1, False)
+        return kv_bytes_per_token(self.model.config, size) * longest
+
+    def row_bytes(self, longest: int) -> int:
+        """What one decoding row of `longest` tokens takes at once (models/footprint.py): its KV
+        twice (a rebuild of the batch, as rows join or leave, copies it whole while the old
+        buffer lives), its admission forward and its sampling logits."""
+        forward = forward_bytes(self.model.config, 1, longest, 1, False)
+        return KV_COPIES * self.row_kv_bytes(longest) + forward
+
+    def rows_at_once(self, longest: int) -> int:
+        """How many rows decode together: `batch_size`, fewer if their memory (`row_bytes`) would
+        take more than a quarter of the free memory of the model's device
+        (`torch.cuda.mem_get_info`; on the CPU, psutil's available memory) or, on the CPU, more
+        than the process's memory budget leaves (`memory.headroom_bytes`). Each admission asks
+        the budget again (`_room`). MemoryBudgetError where it leaves room for no row at all."""
+        per_row = self.row_bytes(longest)
         if self.model.device.type == "cuda":
             return max(1, min(self.batch_size, int(torch.cuda.mem_get_info(self.model.device)[0] / 4 // per_row)))
         headroom = memory.headroom_bytes()
@@ -146,6 +156,24 @@ class TransformersEngine:
             raise memory.over_budget(f"decoding one row of {longest} tokens", per_row)
         free = min(psutil.virtual_memory().available / 4, headroom)
         return max(1, min(self.batch_size, int(free // per_row)))
+
+    def _room(self, longest: int, free: int, decoder: Decoder, keeping: float) -> int:
+        """How many of `free` rows may join the decode now (the CPU's budget; `free` elsewhere).
+        Admitting n rows beside L live ones holds at once: the live buffer (in the resident
+        memory already), a new buffer of L + n rows at up to `longest` columns, and per new row
+        one more copy of its KV (the reused rows' gather, DynamicCache's concatenation) and its
+        admission forward: need(n) = L·kv + n·(row_bytes + kv). Asked at every admission, of
+        what the budget leaves now less `keeping` (KV this call may still keep for the next):
+        kept rows, ended rows' buffers and the allocator's freed memory come and go between
+        them. 0: wait for live rows to end."""
+        if self.model.device.type == "cuda" or memory.budget_bytes() == float("inf"):
+            return free
+        kv = self.row_kv_bytes(longest)
+        left = memory.headroom_bytes() - keeping - decoder.live * kv
+        fits = int(max(left, 0) // (self.row_bytes(longest) + kv))
+        if fits == 0 and not decoder.live and not keeping:
+            raise memory.over_budget(f"decoding one row of {longest} tokens", self.row_bytes(longest) + kv)
+        return min(free, fits)
 
     def _scoring_batches(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[int]]:
         """`score`'s batches: `batch_size` prompts in order of length, each cut further (on the
@@ -200,34 +228,50 @@ class TransformersEngine:
             return self._decode(decoder, prompts, prefix_cache, choice)
 
     def _decode(self, decoder: Decoder, prompts, prefix_cache, choice):
-        """`generate`'s loop: admit prompts as rows free up, step, collect the ended rows."""
+        """`generate`'s loop: admit prompts as rows free up and the budget allows, step, collect
+        the ended rows. The last call's kept rows are let go once every prompt has joined: only
+        this call's rows can serve the next call."""
         pending = self._by_length(prompts)
-        rows = self.rows_at_once(max(map(len, prompts)) - decoder.offset + decoder.reserve)
+        longest = max(map(len, prompts)) - decoder.offset + decoder.reserve
+        rows = self.rows_at_once(longest)
         results: list[Generation | None] = [None] * len(prompts)
         kept = []  # this call's rows for the next call's prefix_cache (and its own later prompts)
+        limit = self.kv.keep_bytes if prefix_cache is not None else 0.0  # KV this call may keep
+        waiting = len(prompts) + 1  # live rows when the budget last said no: ask again once one ends
         while pending or decoder.live:
             stopping.check()
-            free = rows - decoder.live
-            if pending and (free >= max(1, rows // 4) or not decoder.live):
-                take, pending = pending[:free], pending[free:]
-                batch = [prompts[i] for i in take]
-                ended = decoder.admit(take, *self.kv.prefill(batch, prefix_cache, kept, decoder.prefix))
+            free, take = rows - decoder.live, 0
+            if pending and (free >= max(1, rows // 4) or not decoder.live) and decoder.live < waiting:
+                keeping = max(0.0, min(limit, memory.budget_bytes()) - kv_size(kept))
+                take = self._room(longest, free, decoder, keeping)
+                if not take and not decoder.live:  # the budget keeps no more rows this call
+                    limit = kv_size(kept)
+                    take = self._room(longest, free, decoder, 0.0)
+                waiting = len(prompts) + 1 if take else decoder.live
+            if take:
+                now, pending = pending[:take], pending[take:]
+                batch = [prompts[i] for i in now]
+                ended = decoder.admit(now, *self.kv.prefill(batch, prefix_cache, kept, decoder.prefix))
+                if not pending and prefix_cache is not None:
+                    prefix_cache.rows = []
             else:
                 ended = decoder.step()
             for slot in ended:
                 row = decoder.rows[slot]
-                if choice is None:
-                    results[row.index] = finish(row.tokens, row.logprobs, self.eos_ids, self.tokenizer)
-                else:
-                    text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
-                    reason = "stop" if row.stopped else "length"
-                    results[row.index] = Generation(row.tokens, row.logprobs, text, reason, row.choice)
+                results[row.index] = self._result(row, choice)
                 if prefix_cache is not None:
-                    kept += self.kv.keep_row(decoder, slot, prompts[row.index] + row.tokens, kept)
+                    kept += self.kv.keep_row(decoder, slot, prompts[row.index] + row.tokens, kept, limit)
             self.on_batch(len(ended))
         if prefix_cache is not None:
             prefix_cache.rows = kept
         return results
+
+    def _result(self, row, choice) -> Generation:
+        """An ended row's Generation: its text and why it stopped, or its Choice's option."""
+        if choice is None:
+            return finish(row.tokens, row.logprobs, self.eos_ids, self.tokenizer)
+        text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+        return Generation(row.tokens, row.logprobs, text, "stop" if row.stopped else "length", row.choice)
 
     def _shared_prefix(self, prompts: list[list[int]]) -> SharedPrefix | None:
         """The KV of the leading tokens all prompts share (all but one token of the shortest),
