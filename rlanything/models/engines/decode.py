@@ -31,6 +31,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from rlanything import memory
 from rlanything.models.engines.generation import Choice
 from rlanything.models.engines.prefix_attention import SharedPrefix, forward
 
@@ -199,10 +200,16 @@ class Decoder:
 
     def step(self) -> list[int]:
         """One token for every live row. Ended rows are dropped first once they are an eighth
-        of the batch (a copy of the cache costs about what a few ended rows' forwards do)."""
+        of the batch (a copy of the cache costs about what a few ended rows' forwards do), and
+        the freed buffers given back (`memory.release`)."""
         ended = len(self.rows) - self.live
         if ended and (8 * ended >= len(self.rows)):
             self._rebuild(None, None)
+            # the old buffers go back to the system, not to the allocator's arenas: measured on a
+            # 128-game evaluation under an 8 GiB budget, the rebuilds after the last admission
+            # (none asks the budget, which releases) grew the resident memory from 7.3 to 8.7 GiB
+            # while the live KV fell from 0.84 to 0.04 GiB
+            memory.release()
         attn = torch.cat([self.attn, self.attn.new_ones(len(self.rows), 1)], 1)
         logits = self._forward(self.feed[:, None], attn, self.attn.sum(-1, keepdim=True), self.cache)
         self.attn = attn
