@@ -49,6 +49,7 @@ from pathlib import Path
 
 import pandas as pd
 from prefect import flow, get_run_logger
+from pydantic import ValidationError
 
 from rlanything import stopping
 from rlanything.agent.rm_roles import RM_ROLES
@@ -136,8 +137,7 @@ def open_experiment(
     spec = {"config": base.to_dict(), "overrides": overrides, "seeds": seed_list, "arms": arms}
     path = folder / "experiment.json"
     if path.exists():
-        before = json.loads(path.read_text())
-        if {k: before.get(k) for k in spec} != json.loads(json.dumps(spec)):
+        if not same_experiment(json.loads(path.read_text()), base, seed_list, arms):
             raise ConfigError(
                 f"experiment {name!r} already exists in {folder} with a different config, seeds or arms; "
                 "choose another --name, or run the same command (a larger budget extends it)"
@@ -145,6 +145,18 @@ def open_experiment(
     budget = {"iterations": iterations, "budget_minutes": budget_minutes}
     write_text(json.dumps(spec | budget, indent=2, sort_keys=True), path)
     return base, seed_list, folder
+
+
+def same_experiment(before: dict, base: Config, seeds: list[int], arms: list[str]) -> bool:
+    """Whether a stored `experiment.json` is this experiment: the same config up to the settings
+    that change no result (`Config.digest`: run.memory_gb, where the steps run, ...), the same
+    evaluation, seeds and arms. So a resumed experiment may take another memory budget."""
+    try:
+        config = Config.model_validate(before.get("config"))
+    except ValidationError:
+        return False
+    same_eval = json.loads(json.dumps(base.to_dict()["eval"])) == before["config"].get("eval")
+    return config.digest() == base.digest() and same_eval and (before.get("seeds"), before.get("arms")) == (seeds, arms)
 
 
 def next_fits(history: pd.DataFrame, budget_minutes: float) -> bool:

@@ -37,6 +37,7 @@ from rlanything.flows.experiment import (
     base_eval_kind,
     compare_experiments,
     next_fits,
+    open_experiment,
 )
 from rlanything.reports.experiment_report import FIGURES, at_budget, iteration_history
 from rlanything.storage.layout import RunLayout
@@ -139,6 +140,20 @@ def test_ablation_killed_after_an_arm_resumes_and_compares(prefect_api_url, smal
 
     refused = finish(cli(_args(tmp_path, small_overrides, seeds=2), prefect_api_url), timeout=300)
     assert "already exists" in refused and "different config, seeds" in refused, refused[-2000:]
+
+
+def test_a_resumed_experiment_may_take_another_memory_budget_but_not_another_setting(tmp_path):
+    """`run.memory_gb` is outside the config's digest (it changes how much is taken at once, not
+    what is computed): an experiment killed by it resumes under another; λ or the evaluation
+    changes what the arms compute or how they are compared, and is refused."""
+    sets = [f"run.root={tmp_path}", "run.memory_gb=6"]
+    open_experiment(TINY, "e", sets, 1, 1, None, ["policy-only"])
+    open_experiment(TINY, "e", [f"run.root={tmp_path}", "run.memory_gb=8"], 1, 1, None, ["policy-only"])
+    for other in ("algo.lam=0.5", "eval.problems=3"):
+        with pytest.raises(ConfigError, match="different config, seeds or arms"):
+            open_experiment(TINY, "e", [*sets, other], 1, 1, None, ["policy-only"])
+    with pytest.raises(ConfigError, match="different config, seeds or arms"):
+        open_experiment(TINY, "e", sets, 1, 1, None, ["policy-only", "plus-rm"])
 
 
 def test_arm_overrides_leave_a_judging_rm_out_of_the_policy_only_arm():
