@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from rlanything import memory
 from rlanything.models.engines.generation import PrefixCache, left_pad
 from rlanything.models.engines.kv_planner import KvPlanner
 from rlanything.models.engines.transformers_engine import MIN_SHARED, TransformersEngine, response_logprobs
@@ -124,9 +125,22 @@ def test_repeated_prompts_share_one_prefill_and_sample_as_before(engine, tiny_to
         assert s == pytest.approx(g.logprobs, abs=1e-4)
 
 
-def test_a_turn_reuses_the_kv_of_the_previous_turn_and_samples_as_without(engine, tiny_tokenizer, tokens_fed):
+@pytest.fixture(params=["unbounded", "budget"])
+def budget(request):
+    """The process's memory budget for a test: none (library use), or a run's default (half the
+    machine), under which each admission asks the budget and a call keeps at most a quarter of
+    it. An engine built without a `keep_bytes` once reserved the whole budget there, and kept
+    nothing."""
+    if request.param == "budget":
+        memory.set_budget(None)
+    yield request.param
+    memory._budget[0] = float("inf")
+
+
+def test_a_turn_reuses_the_kv_of_the_previous_turn_and_samples_as_without(engine, tiny_tokenizer, tokens_fed, budget):
     """Multi-turn rollouts: turn t's prompt extends turn t-1's prompt + reply, so only the new
-    tokens are prefilled; samples and log-probs are those of a full prefill."""
+    tokens are prefilled; samples and log-probs are those of a full prefill, with or without a
+    memory budget."""
     observations = [[f"Calculate {i} + {i * 3}."] for i in range(5)]
     responses: list[list[str]] = [[] for _ in range(5)]
     cache, before = PrefixCache(), None

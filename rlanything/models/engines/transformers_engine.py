@@ -236,13 +236,15 @@ class TransformersEngine:
         rows = self.rows_at_once(longest)
         results: list[Generation | None] = [None] * len(prompts)
         kept = []  # this call's rows for the next call's prefix_cache (and its own later prompts)
-        limit = self.kv.keep_bytes if prefix_cache is not None else 0.0  # KV this call may keep
+        # KV this call may keep: kv_reuse_gb, at most a quarter of the budget (make_engine's rule,
+        # here too for engines built without it: an unbounded keep_bytes would reserve it all)
+        limit = min(self.kv.keep_bytes, memory.budget_bytes() / 4) if prefix_cache is not None else 0.0
         waiting = len(prompts) + 1  # live rows when the budget last said no: ask again once one ends
         while pending or decoder.live:
             stopping.check()
             free, take = rows - decoder.live, 0
             if pending and (free >= max(1, rows // 4) or not decoder.live) and decoder.live < waiting:
-                keeping = max(0.0, min(limit, memory.budget_bytes()) - kv_size(kept))
+                keeping = max(0.0, limit - kv_size(kept))
                 take = self._room(longest, free, decoder, keeping)
                 if not take and not decoder.live:  # the budget keeps no more rows this call
                     limit = kv_size(kept)
