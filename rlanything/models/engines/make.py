@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlanything import memory
 from rlanything.models.engines.generation import eos_ids_of
 from rlanything.models.engines.transformers_engine import TransformersEngine
 from rlanything.models.engines.vllm_engine import VllmEngine, shared_server
@@ -32,7 +31,7 @@ def make_engine(
             section.batch_size,
             on_batch,
             weights=str(model_dir),
-            keep_bytes=min(section.kv_reuse_gb * 2**30, memory.budget_bytes() / 4),  # run.memory_gb's doc
+            keep_bytes=section.kv_reuse_gb * 2**30,  # at most a quarter of run.memory_gb: the engine's rule
         )
         return engine, tokenizer
     server = shared_server(role, section.vllm, model_dir, dtype, log_path)

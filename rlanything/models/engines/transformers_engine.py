@@ -236,8 +236,8 @@ class TransformersEngine:
         rows = self.rows_at_once(longest)
         results: list[Generation | None] = [None] * len(prompts)
         kept = []  # this call's rows for the next call's prefix_cache (and its own later prompts)
-        # KV this call may keep: kv_reuse_gb, at most a quarter of the budget (make_engine's rule,
-        # here too for engines built without it: an unbounded keep_bytes would reserve it all)
+        # KV this call may keep: kv_reuse_gb, at most a quarter of the budget (run.memory_gb's doc;
+        # the one place of the rule: an unbounded keep_bytes would reserve the whole budget)
         limit = min(self.kv.keep_bytes, memory.budget_bytes() / 4) if prefix_cache is not None else 0.0
         waiting = len(prompts) + 1  # live rows when the budget last said no: ask again once one ends
         while pending or decoder.live:
