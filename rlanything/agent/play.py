@@ -166,26 +166,55 @@ def play(
     `prefix_cache` (a fresh one when None) carries the episodes' KV from turn to turn."""
     shot_errors = screenshot_errors if screenshot_errors is not None else []
     episodes = _start_episodes(make_env, tasks, group_size, save_screenshot, shot_errors)
+    rows = play_on(
+        engine,
+        tokenizer,
+        episodes,
+        max_steps=max_steps,
+        sampling={"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p},
+        seed=seed,
+        answer_fallback=answer_fallback,
+        save_screenshot=save_screenshot,
+        screenshot_errors=shot_errors,
+        prefix_cache=prefix_cache,
+    )
+    return rows, [_finish(ep) for ep in episodes]
+
+
+def play_on(
+    engine: GenerationEngine,
+    tokenizer,
+    episodes: list[Episode],
+    *,
+    max_steps: int,
+    sampling: dict[str, Any],
+    seed: int,
+    answer_fallback: str = "none",
+    save_screenshot: SaveScreenshot | None = None,
+    screenshot_errors: list[str] | None = None,
+    prefix_cache: PrefixCache | None = None,
+) -> list[dict]:
+    """Play `episodes` on from where each stands (`len(ep.responses)` steps taken) until each has
+    ended or taken `max_steps` -> their step rows. One batched generation per turn, turn t with
+    `step_seed(seed, t)` and `sampling` (max_new_tokens, temperature, top_p); fresh episodes
+    (`play`) reach step t at turn t, episodes set up part-way (`agent.branching`) sooner."""
+    shot_errors = screenshot_errors if screenshot_errors is not None else []
     rows: list[dict] = []
     prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()  # turn t's prompts extend turn t-1's
-    for step_idx in range(max_steps):
-        active = [ep for ep in episodes if ep.termination is None]
+    for turn in range(max_steps):
+        active = [ep for ep in episodes if ep.termination is None and len(ep.responses) < max_steps]
         if not active:
             break
         rendered = [_render_prompt(tokenizer, ep) for ep in active]
         gens = engine.generate(
-            [ids for _, ids in rendered],
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=step_seed(seed, step_idx),
-            prefix_cache=prefix_cache,
+            [ids for _, ids in rendered], **sampling, seed=step_seed(seed, turn), prefix_cache=prefix_cache
         )
-        last_step = step_idx == max_steps - 1
         for ep, (prompt, prompt_ids), gen in zip(active, rendered, gens):
-            played = _act(ep, gen.text, step_idx, last_step, answer_fallback, save_screenshot, shot_errors)
+            step_idx = len(ep.responses)
+            last = step_idx == max_steps - 1
+            played = _act(ep, gen.text, step_idx, last, answer_fallback, save_screenshot, shot_errors)
             rows.append(_step_row(ep, step_idx, prompt, prompt_ids, gen, *played))
-    return rows, [_finish(ep) for ep in episodes]
+    return rows
 
 
 def _start_episodes(
