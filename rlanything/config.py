@@ -479,6 +479,19 @@ class AlgoConfig(_Section):
     carry equal total weight in its update (our departure; `algo.advantages.outcome_balanced`):
     with most episodes failed, the paper's consistency reward O·S_j mostly pays "−1" and a small
     judge learns the class prior instead of the difference. Needs rm.role judge."""
+    rm_target: Literal["outcome", "progress"] = "outcome"
+    """What a judgment of the RM is paid for. `outcome`: R·S_j, its episode's outcome and the
+    step scores (the paper). `progress` (our departure, docs/method.md): sign(V(s_t+1) −
+    V(s_t))·S_j, where V(s) is the mean outcome when the current policy plays on `progress_k`
+    times from state s (`agent.branching`, `algo.mc_progress`): what the step changed, not how
+    its episode ended. Only `progress_steps` sampled steps an iteration are valued, and only
+    they train the RM. Needs rm.role judge and a deterministic game (text games); with no RM in
+    the loop (m = 0) nothing is valued."""
+    progress_steps: int = Field(16, ge=1)
+    """With rm_target progress: steps valued an iteration, drawn from the judged steps before an
+    episode's last in tasks inside `band` (the ones whose judgments can train the RM)."""
+    progress_k: int = Field(4, ge=1)
+    """With rm_target progress: continuations played from each state (before and after a step)."""
     old_logprobs: Literal["auto", "sampler", "trainer"] = "auto"
     """Log-probs the PPO ratio and the KL take as the pre-update model's. `sampler`: the ones the
     engine recorded while generating (the paper); `trainer`: recomputed by the update itself,
@@ -628,6 +641,10 @@ class Config(_Section):
                 )
         if self.algo.rm_balance and self.rm.role != "judge":
             raise ValueError("algo.rm_balance reweights judgments: it needs rm.role judge")
+        if self.algo.rm_target == "progress" and self.rm.role != "judge":  # with m = 0: nothing to pay
+            raise ValueError("algo.rm_target progress pays judgments of steps: it needs rm.role judge")
+        if self.algo.rm_target == "progress" and self.algo.rm_balance:
+            raise ValueError("algo.rm_balance weighs judgments by outcome: with algo.rm_target progress leave it off")
         if self.rm.max_new_tokens == 0 and (self.rm.verdict != "constrained" or self.rm.role != "judge"):
             raise ValueError(
                 "rm.max_new_tokens 0 (a direct verdict, no reasoning) needs rm.verdict constrained "

@@ -24,8 +24,9 @@ PIPELINE = (
     Step("rollout", ("rollouts", "episodes")),  # 1. the policy plays each task G times
     # 2. the environment's outcome ±1 per trajectory (and its step labels, where it knows them)
     Step("verify", ("step_labels", "outcomes")),
-    # 3. the generative RM judges every step m times (or, coding, writes unit tests: rm.role)
-    Step("rm_score", ("judgments", "unit_tests", "pass_matrix")),
+    # 3. the generative RM judges every step m times (or, coding, writes unit tests: rm.role);
+    # progress: the Monte-Carlo target of algo.rm_target progress (empty otherwise)
+    Step("rm_score", ("progress", "judgments", "unit_tests", "pass_matrix")),
     Step("advantages", ("advantages",)),  # 4. rewards, advantages, which samples train
     Step("policy_update", ("policy_update",), checkpoint="policy"),  # 5. PPO-clip on the policy
     Step("rm_update", ("rm_update",), checkpoint="rm"),  # 6. the same loss on the RM's judgments

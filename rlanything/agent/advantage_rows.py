@@ -32,10 +32,12 @@ def compute_samples(
     outcome_weight: float,
     rm_balance: bool,
     steps: pd.DataFrame | None = None,
+    progress: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """advantages.parquet rows from the trainable trajectories' outcomes and their judgments:
     the frame glue around `algo.samples.select_samples` (policy rows first, then RM rows). With
-    m = 0 (no RM in the loop) the policy samples are the trainable trajectories' `steps`."""
+    m = 0 (no RM in the loop) the policy samples are the trainable trajectories' `steps`; with
+    `progress` (progress.parquet rows) the RM is paid for its steps' progress (`algo.rm_target`)."""
     cols = lambda frame, names: {n: frame[n].to_numpy() for n in names}  # noqa: E731
     if not m:
         steps = steps[steps.traj_id.isin(outcomes.traj_id)]
@@ -49,6 +51,7 @@ def compute_samples(
         outcome_weight=outcome_weight,
         steps=None if m else cols(steps, ("traj_id", "step_idx")),
         rm_balance=rm_balance,
+        progress=None if progress is None else cols(progress, ("traj_id", "step_idx", "progress")),
     )
     if not len(policy["traj_id"]):
         return pd.DataFrame(columns=ADVANTAGES.names)

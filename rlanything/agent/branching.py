@@ -9,19 +9,34 @@ counted, `replay_mismatch`), then played on by `agent.play.play_on` until it end
 episode limit. V(state) is the mean outcome (±1) of its valid continuations.
 
 Cost: K continuations of up to max_steps − k turns per state, in one batched generation per turn.
+
+`progress_rows` is what the rm_score step does with it under `algo.rm_target: progress`: value a
+sample of the iteration's steps with the policy that played them, for `algo.samples` to pay the
+RM's judgments of those steps by the sign of their progress.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
+from rlanything import memory
 from rlanything.agent.play import Episode, _env_call, play_on
+from rlanything.agent.run_context import model_path, step_engine
+from rlanything.algo.curriculum import tasks_in_bands
+from rlanything.algo.mc_progress import branch_states, progress_targets
+from rlanything.config import Config
 from rlanything.environment import Environment
+from rlanything.envs.base import make_env
 from rlanything.models.engines.generation import GenerationEngine
+from rlanything.models.precision import precision_of
+from rlanything.seeding import derive_seed
+from rlanything.storage.layout import RunLayout
 
 
 @dataclass(frozen=True)
@@ -93,3 +108,80 @@ def state_values(
         "replay_mismatch": sum(mismatched),
     }
     return values, counts
+
+
+def sampled_steps(steps: pd.DataFrame, judged: pd.DataFrame, config: Config, seed: int) -> pd.DataFrame:
+    """`algo.progress_steps` of the judged trajectories' steps before their last, in tasks inside
+    `algo.band` (only their judgments can train the RM), drawn with `seed` -> those step rows."""
+    tasks = tasks_in_bands(judged.outcome.to_numpy(), judged.task_id.to_numpy(), config.algo.band)
+    last = judged.set_index("traj_id").num_steps - 1
+    kept = judged[judged.task_id.isin(tasks)].traj_id
+    pool = steps[steps.traj_id.isin(kept)]
+    pool = pool[pool.step_idx < pool.traj_id.map(last)]
+    return pool.sample(n=min(config.algo.progress_steps, len(pool)), random_state=seed).sort_values(
+        ["traj_id", "step_idx"]
+    )
+
+
+def _points(states: list[tuple[int, int]], steps: pd.DataFrame, episodes: pd.DataFrame, specs) -> list[BranchPoint]:
+    """The BranchPoint of each (traj_id, k): the state after that trajectory's first k steps."""
+    first = episodes.set_index("traj_id")
+    points = []
+    for traj_id, k in states:
+        taken = steps[steps.traj_id == traj_id].sort_values("step_idx").head(k)
+        points.append(
+            BranchPoint(
+                spec=specs[first.task_id[traj_id]],
+                observations=(first.first_observation[traj_id], *taken.observation),
+                responses=tuple(taken.response),
+                actions=tuple(a if isinstance(a, str) else None for a in taken.action),
+            )
+        )
+    return points
+
+
+def progress_rows(
+    config: Config, layout: RunLayout, iteration: int, frames: dict[str, pd.DataFrame], judged: pd.DataFrame
+) -> tuple[list[dict], dict[str, float]]:
+    """rm_score under `algo.rm_target: progress`: value the states around a sample of the judged
+    steps (`sampled_steps`) with this iteration's policy -> (PROGRESS rows, metrics)."""
+    steps, episodes = frames["rollouts"], frames["episodes"]
+    picked = sampled_steps(steps, judged, config, derive_seed(config.run.seed, iteration, "progress_sample"))
+    if picked.empty:
+        return [], {"progress/steps": 0}
+    ends = {int(t): (int(n), float(o)) for t, n, o in zip(judged.traj_id, judged.num_steps, judged.outcome)}
+    states = branch_states(picked.traj_id.to_numpy(), picked.step_idx.to_numpy(), ends)
+    specs = {task_id: json.loads(spec) for task_id, spec in frames["specs"].items()}
+    path = model_path(config, layout, "policy", iteration)
+    precision = precision_of(config, "policy", "generation", layout.run_dir)
+    engine, tokenizer = step_engine(config, "policy", path, precision, None, layout.run_dir / "vllm-policy.log")
+    policy = config.policy
+    values, counts = state_values(
+        engine,
+        tokenizer,
+        lambda: make_env(config.env),
+        _points(states, steps, episodes, specs),
+        k=config.algo.progress_k,
+        max_steps=config.env.max_steps,
+        sampling={"max_new_tokens": policy.max_new_tokens, "temperature": policy.temperature, "top_p": policy.top_p},
+        seed=derive_seed(config.run.seed, iteration, "progress"),
+        answer_fallback=config.env.answer_fallback,
+    )
+    del engine
+    memory.release()
+    value = dict(zip(states, values.tolist()))
+    traj, step = picked.traj_id.to_numpy(), picked.step_idx.to_numpy()
+    gain = progress_targets(traj, step, value, ends)
+    rows = [
+        {
+            "traj_id": t,
+            "step_idx": k,
+            "value_before": value.get((t, k)),
+            "value_after": value.get((t, k + 1)),
+            "progress": g,
+        }
+        for t, k, g in zip(traj.tolist(), step.tolist(), gain.tolist())
+    ]
+    metrics = {f"progress/{name}": float(n) for name, n in counts.items()}
+    metrics |= {"progress/steps": len(rows), "progress/nonzero_share": float(np.mean(np.nan_to_num(gain) != 0))}
+    return rows, metrics

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from rlanything import metric_names as names
+from rlanything.agent.branching import progress_rows
 from rlanything.agent.run_context import model_path, step_engine, weights_label
 from rlanything.algo.curriculum import tasks_in_bands
 from rlanything.config import Config
@@ -115,6 +116,9 @@ def score_steps(config: Config, layout: RunLayout, iteration: int, frames: dict[
     judged = judged_outcomes(trainable, config)
     m = config.rm.judgments_per_step
     todo = steps_to_judge(steps, episodes, judged, config.rm.history_steps) if m else []  # 0: no RM
+    valued, metrics = [], {}
+    if todo and config.algo.rm_target == "progress":  # what the judgments will be paid for
+        valued, metrics = progress_rows(config, layout, iteration, frames, judged)
     rows: list[dict] = []
     cache = PrefixCache()
     with progress(f"iter {iteration}: rm_score", len(todo) * m) as advance:
@@ -127,7 +131,7 @@ def score_steps(config: Config, layout: RunLayout, iteration: int, frames: dict[
             weights = weights_label(layout, engine.weights)
             rows = [{**row, "weights": weights} for row in rows]
     frame = pd.DataFrame(rows, columns=JUDGMENTS.names)
-    metrics = {
+    metrics |= {
         "rm/judgments": len(rows),
         "rm/trajectories_unjudged": len(trainable) - len(judged),
         "tokens/rm_response": int(frame.response_ids.map(len).sum()) if rows else 0,
@@ -137,4 +141,5 @@ def score_steps(config: Config, layout: RunLayout, iteration: int, frames: dict[
         metrics[names.RM_PARSE_RATE] = float(frame.parsed.mean())
     if cache.prompt_tokens:  # the transformers engine served them (vLLM reuses prefixes on its own)
         metrics["tokens/rm_prompt_reused"] = cache.reused_tokens  # KV of earlier steps' history
-    return {"unit_tests": [], "pass_matrix": [], "judgments": rows}, metrics  # role judge: no tests
+    outputs = {"progress": valued, "unit_tests": [], "pass_matrix": [], "judgments": rows}  # role judge: no tests
+    return outputs, metrics

@@ -73,6 +73,7 @@ def _judgment_rows(config: Config, frames: Frames, lam: float) -> pd.DataFrame:
         outcome_weight=config.algo.outcome_weight,
         steps=None if m else frames["rollouts"],
         rm_balance=config.algo.rm_balance,
+        progress=frames["progress"] if config.algo.rm_target == "progress" else None,
     )
 
 
@@ -115,7 +116,7 @@ def rm_score_outputs(config: Config, layout: RunLayout, iteration: int, frames: 
 
 def advantage_samples(config: Config, frames: Frames, iteration: int) -> tuple[pd.DataFrame, dict]:
     """Step 4: the RM guard decides this iteration's λ (`algo.rm_accuracy.guard`), the role's rows
-    give the samples. `frames`: the iteration's outcomes, judgments, rollouts, unit_tests,
+    give the samples. `frames`: the iteration's outcomes, judgments, progress, rollouts, unit_tests,
     pass_matrix and step_labels -> (advantages.parquet rows, metrics; NaN: not logged)."""
     outcomes, judgments = frames["outcomes"], frames["judgments"]
     trainable = outcomes[outcomes.valid & ~outcomes.pending]

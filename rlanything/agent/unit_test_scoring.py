@@ -109,7 +109,7 @@ def score_with_unit_tests(config: Config, layout: RunLayout, iteration: int, fra
         pd.DataFrame(tests, columns=UNIT_TESTS.names), pd.DataFrame(matrix_rows, columns=PASS_MATRIX.names)
     )
     # the RM judges no step in this role; pass_matrix last: it marks the step done
-    return {"judgments": [], "unit_tests": tests, "pass_matrix": matrix_rows}, metrics
+    return {"progress": [], "judgments": [], "unit_tests": tests, "pass_matrix": matrix_rows}, metrics
 
 
 def unit_test_metrics(tests: pd.DataFrame, matrix: pd.DataFrame) -> dict[str, float]:

@@ -22,6 +22,10 @@ Where we depart from the paper / authors' code, and why:
   for the RM-signal-only ablation (w = 0); the RM's reward keeps R = O + lam * mean_j S.
 * m = 0 (no RM in the loop, the policy-only arm at lam = 0): the policy samples are the
   trainable steps given as ``steps``, their reward w*O; there are no RM samples.
+* ``progress`` (``algo.rm_target: progress``, off by default): the RM's reward of a judgment is
+  sign(V(s_t+1) - V(s_t)) * S_ij (-2 unparsed) instead of R * S_ij, the Monte-Carlo progress of
+  its step (``algo.mc_progress``); the z-score over the m judgments makes only the sign matter.
+  Steps without a progress value, or with 0, do not train the RM ("no_target").
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ def select_samples(
     outcome_weight: float,
     rm_balance: bool,
     steps: dict[str, np.ndarray] | None = None,
+    progress: dict[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Policy and RM samples of one iteration, with reward, advantage and whether each trains.
 
@@ -118,8 +123,7 @@ def select_samples(
     >>> pol["reward"].tolist(), rm["reward"].tolist()
     ([1.0, 0.0], [2.0, 2.0, -1.0, 1.0])
 
-    `rm_balance`: solved and unsolved episodes carry equal total weight in the RM's kept advantages
-    (`advantages.outcome_balanced`; the first example keeps one outcome's judgments: no change).
+    `rm_balance` and `progress` change what the RM is paid: see `_rm_part`.
 
     With m = 0 (no RM in the loop) the two trajectories give rewards O = +-1, the same z-scores, no RM sample.
     >>> none = {k: np.array([], int) for k in ("traj_id", "step_idx", "judge_idx", "step_score", "parsed")}
@@ -140,11 +144,47 @@ def select_samples(
     else:  # no verdicts: R = O (lam is 0)
         reward, policy_reward = outcome, outcome_weight * outcome
     policy = _policy_samples(keys, task_ids, policy_reward, np.asarray(in_band(task_acc, *policy_band), dtype=bool))
-    rm_reward = rm_consistency_reward(reward, score, parsed, unparseable_reward=UNPARSEABLE_REWARD)
-    rm = _rm_samples(keys, task_ids, rm_reward, np.asarray(in_band(task_acc, *band), dtype=bool))
+    in_rm_band = np.asarray(in_band(task_acc, *band), dtype=bool)
+    return policy, _rm_part(keys, task_ids, reward, score, parsed, in_rm_band, outcome, rm_balance, progress)
+
+
+def _rm_part(keys, task_ids, reward, score, parsed, in_rm_band, outcome, rm_balance, progress) -> dict:
+    """The RM's samples of the judged steps (`_rm_samples`), paid R·S_j (-2 unparsed), or with
+    `progress` (traj_id, step_idx, progress of the valued steps) sign(progress)·S_j, the steps
+    without a value dropped as no_target (`progress_signs`, `_unpaid`). With `rm_balance` solved
+    and unsolved episodes carry equal total weight in the kept advantages
+    (`advantages.outcome_balanced`; select_samples' first example keeps one outcome's
+    judgments: no change)."""
+    m = score.shape[1]
+    target = reward if progress is None else progress_signs(keys, progress)
+    rm_reward = rm_consistency_reward(target, score, parsed, unparseable_reward=UNPARSEABLE_REWARD)
+    rm = _rm_samples(keys, task_ids, rm_reward, in_rm_band)
+    if progress is not None and m:
+        rm = _unpaid(rm, target, m)
     if rm_balance and m:  # solved and unsolved episodes weigh the same in the RM's update
         rm["advantage"] = outcome_balanced(rm["advantage"], np.repeat(outcome, m), rm["kept"])
-    return policy, rm
+    return rm
+
+
+def _unpaid(rm: dict[str, np.ndarray], target: np.ndarray, m: int) -> dict[str, np.ndarray]:
+    """`rm` with the judgments of steps whose target is 0 (no progress value, or none made)
+    dropped as "no_target": they teach nothing (out_of_band keeps its reason)."""
+    lacking = np.repeat(target == 0, m) & (rm["drop_reason"] != "out_of_band")
+    return rm | {"kept": rm["kept"] & ~lacking, "drop_reason": np.where(lacking, "no_target", rm["drop_reason"])}
+
+
+def progress_signs(keys: np.ndarray, progress: dict[str, np.ndarray]) -> np.ndarray:
+    """sign of each step's progress, 0 where it has no value (or a NaN one): keys (N, 2) of
+    (traj_id, step_idx); progress: traj_id, step_idx, progress (P,) -> (N,) float in {-1, 0, 1}.
+
+    >>> progress_signs(np.array([[0, 0], [0, 1], [2, 0]]),
+    ...     {"traj_id": np.array([0, 2]), "step_idx": np.array([1, 0]), "progress": np.array([0.25, np.nan])})
+    array([0., 1., 0.])
+    """
+    value = {
+        (int(t), int(k)): float(v) for t, k, v in zip(progress["traj_id"], progress["step_idx"], progress["progress"])
+    }
+    return np.nan_to_num(np.sign([value.get((int(t), int(k)), 0.0) for t, k in keys]), nan=0.0).astype(np.float64)
 
 
 def _per_step_trajectory(

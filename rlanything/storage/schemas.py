@@ -97,6 +97,19 @@ JUDGMENTS = pa.schema(
     ]
 )
 
+# algo.rm_target progress: the Monte-Carlo value of the states before and after each sampled step
+# (agent.branching) and its progress, what the RM's judgments of that step are paid for. Empty
+# with the paper's target.
+PROGRESS = pa.schema(
+    [
+        pa.field("traj_id", pa.int32(), nullable=False),
+        pa.field("step_idx", pa.int32(), nullable=False),
+        pa.field("value_before", pa.float64()),  # V(s_t): mean outcome of the continuations; null: none valid
+        pa.field("value_after", pa.float64()),  # V(s_t+1); the outcome where the step ended the episode
+        pa.field("progress", pa.float64()),  # value_after - value_before (algo.mc_progress)
+    ]
+)
+
 # rm.role unit_tests (coding): the RM's generated tests, one row per (problem, test), and
 # the pass matrix, one row per (test, solution). Empty when the RM judges steps.
 UNIT_TESTS = pa.schema(
@@ -290,6 +303,7 @@ ARTIFACTS = {
     "outcomes": OUTCOMES,
     "step_labels": STEP_LABELS,
     "judgments": JUDGMENTS,
+    "progress": PROGRESS,
     "unit_tests": UNIT_TESTS,
     "pass_matrix": PASS_MATRIX,
     "advantages": ADVANTAGES,

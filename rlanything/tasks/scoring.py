@@ -23,6 +23,6 @@ def rm_score(run_dir: str, iteration: int):
 @step_task("advantages")
 def advantages(run_dir: str, iteration: int):
     config, layout = open_run(run_dir)
-    names = ("outcomes", "judgments", "rollouts", "unit_tests", "pass_matrix", "step_labels")
+    names = ("outcomes", "judgments", "progress", "rollouts", "unit_tests", "pass_matrix", "step_labels")
     samples, metrics = advantage_samples(config, {n: read_artifact(layout, iteration, n) for n in names}, iteration)
     return [write_artifact(samples, layout, iteration, "advantages")], metrics

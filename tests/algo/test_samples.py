@@ -284,3 +284,34 @@ def test_select_samples_without_judgments_refuses_what_it_cannot_mean(given, lam
             outcome_weight=1.0,
             rm_balance=False,
         )
+
+
+def test_select_samples_pays_the_rm_for_progress_by_hand():
+    """algo.rm_target progress, on the steps of test_select_samples_by_hand: (0,0) lost value
+    (-0.5) in a won episode, (0,1) gained (+1.0), (1,0) made none (0), (2,0) is out of the RM band,
+    (3,0) was not valued. RM rewards sign(progress) * S, -2 unparsed."""
+    rows = [(0, 0, 0, 1), (0, 0, 1, 1), (0, 1, 0, 1), (0, 1, 1, -1), (1, 0, 0, -1), (1, 0, 1, 0)]
+    rows += [(2, 0, 0, 1), (2, 0, 1, 1), (3, 0, 0, 1), (3, 0, 1, -1)]
+    traj = trajectories([0, 1, 2, 3], ["a", "a", "b", "a"], [1, -1, -1, 1])
+    progress = {"traj_id": np.array([0, 0, 1, 2]), "step_idx": np.array([0, 1, 0, 0])}
+    progress["progress"] = np.array([-0.5, 1.0, 0.0, 0.5])
+    args = {"m": 2, "lam": 1.0, "band": (0.2, 0.8), "policy_band": (0.2, 0.8), "outcome_weight": 1.0}
+    pol, rm = select_samples(judgments(rows), traj, **args, rm_balance=False, progress=progress)
+    # (0,0): -1 * [1, 1] equal -> zero_std; (0,1): [1, -1]; (1,0): progress 0: 0 * -1, and -2 unparsed,
+    # but no target; (2,0): out of band; (3,0): no value -> no target
+    assert rm["reward"].tolist() == [-1.0, -1.0, 1.0, -1.0, -0.0, -2.0, 1.0, 1.0, 0.0, -0.0]
+    assert rm["drop_reason"].tolist() == [
+        "zero_std",
+        "zero_std",
+        None,
+        None,
+        "no_target",
+        "no_target",
+        "out_of_band",
+        "out_of_band",
+        "no_target",
+        "no_target",
+    ]
+    assert rm["kept"].tolist() == [False, False, True, True] + [False] * 6
+    # the policy's reward is the paper's, whatever the RM is paid for
+    assert pol["reward"].tolist() == [2.0, 1.0, -1.5, 0.0, 1.0]

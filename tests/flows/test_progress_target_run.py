@@ -1,0 +1,65 @@
+"""One iteration of configs/tiny-textworld.yaml with `algo.rm_target: progress`, through real
+Prefect, MLflow and Parquet: rm_score values a sample of steps by playing on from the states
+around them (agent.branching), writes progress.parquet, and the RM is paid for those steps only."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("textworld", reason="textworld is not installed (pip install textworld==1.7.0)")
+
+from rlanything.storage import schemas  # noqa: E402
+from rlanything.storage.layout import RunLayout  # noqa: E402
+from rlanything.storage.parquet import read_table  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def run(prefect_server, tmp_path_factory):
+    from rlanything.flows.training import train_flow
+
+    root = tmp_path_factory.mktemp("runs")
+    overrides = [
+        f"run.root={root}",
+        "run.name=tw-progress",
+        "run.iterations=1",
+        "env.num_problems=2",
+        "policy.tasks_per_iteration=2",
+        "policy.group_size=2",
+        "rm.judgments_per_step=2",
+        "env.max_steps=3",
+        "adapt.enabled=false",
+        "algo.rm_target=progress",
+        "algo.progress_steps=3",
+        "algo.progress_k=2",
+    ]
+    return train_flow(str(REPO / "configs" / "tiny-textworld.yaml"), overrides)
+
+
+def test_sampled_steps_are_valued_and_only_their_judgments_are_paid(run):
+    layout = RunLayout(Path(run["run_dir"]))
+    steps = read_table(layout.artifact(0, "rollouts"), schemas.ROLLOUTS)
+    outcomes = read_table(layout.artifact(0, "outcomes"), schemas.OUTCOMES).set_index("traj_id")
+    progress = read_table(layout.artifact(0, "progress"), schemas.PROGRESS)
+    metrics = json.loads((layout.iter_dir(0) / "summary.json").read_text())
+    # 3 steps before their episode's last, each valued before and after
+    assert len(progress) == 3 == metrics["progress/steps"]
+    assert (progress.step_idx < progress.traj_id.map(outcomes.num_steps) - 1).all()
+    assert len(progress.merge(steps, on=["traj_id", "step_idx"])) == 3
+    both = progress.dropna()
+    assert np.allclose(both.progress, both.value_after - both.value_before)
+    assert set(np.r_[progress.value_before, progress.value_after]) <= {-1.0, -0.0, 0.0, 1.0}  # K = 2: ±1 or 0
+    # each state (a step's before and after, shared ones once) played K = 2 times, no replay off course
+    states = {(t, k) for t, s in zip(progress.traj_id, progress.step_idx) for k in (s, s + 1)}
+    assert metrics["progress/continuations"] == 2 * len(states)
+    assert metrics["progress/replay_mismatch"] == 0 and metrics["progress/env_errors"] == 0
+    # the RM's samples: only valued steps with a progress other than 0 can train
+    adv = read_table(layout.artifact(0, "advantages"), schemas.ADVANTAGES)
+    rm = adv[adv.kind == "rm"]
+    paid = {(t, s) for t, s, g in zip(progress.traj_id, progress.step_idx, progress.progress) if g == g and g != 0}
+    unpaid = ~np.array([(t, s) in paid for t, s in zip(rm.traj_id, rm.step_idx)])
+    assert (rm.drop_reason[unpaid] == "no_target").all() and not rm.kept[unpaid].any()
+    assert metrics["samples/rm_kept"] == int(rm.kept.sum())
