@@ -6,20 +6,27 @@ bytes (fp32; bf16 autocast keeps some in 2), the attention mask as dense floats,
 early. The budget test (tests/models/test_memory_budget.py) measures what a process then peaks at.
 
 Per token of a llama-like layer (hidden H, MLP width I): a training forward keeps for its
-backward about 8H + 4I values a layer (norm inputs and outputs, q/k/v, the attention output, the
-MLP's gate, up, activation and product), all layers together; an inference forward frees each
-layer's as it goes, so about 5H + 3I values of one layer at a time. Logits are V floats a kept
+backward the layer's inputs and intermediates (norm inputs and outputs, q/k/v, the attention
+output, the MLP's gate, up, activation and product), all layers together; an inference forward
+frees each layer's as it goes, so about 5H + 3I values of one layer at a time. Measured on
+SmolLM2-135M (fresh optimizer state aside, peak above the RSS before a micro-batch, 6 shapes of
+320-1,630 tokens, November 2026): in fp32 13H + 6I values a layer kept, 4 bytes each (8H + 4I,
+the count before, was 1.4-1.6x short); under bf16 autocast 8H + 4I at 4 bytes, plus a further
+0.43 GiB a micro-batch whatever its size, counted as 3.2 bytes a parameter
+(`AUTOCAST_BYTES_PER_PARAM`; we take it to be the autocast cache's bf16 copy of every weight and
+the weights' bf16 gradients before they join the fp32 ones: not traced). With these the estimate
+came within -0.05 to +0.28 GiB of the measured micro-batches in bf16 and -0.20 to +0.11 GiB in
+fp32 (estimate minus measured). A fresh process's first forward and backward also map ~0.3-0.5 GiB of library code and
+allocator arenas once; that is part of the budget's margin. Logits are V floats a kept
 position, in several copies: the logits, the rows gathered from them, their log_softmax and, when
 training, the gradients. Measured on the tiny model (V 49,152, where the logits are nearly all of
-it): 4.0 copies a position in a PPO update, 2.9 in `score`; counted as 5 and 4. On SmolLM2-135M,
-one sample of 600 and of 1,200 tokens in a PPO update (bf16 autocast) peaked 465 and 1,094 MiB
-above the process, its gradients (515 MiB, `trainer.pending_bytes`) apart: the estimate, 751 and
-1,493 MiB, is 1.4-1.6 times that.
+it): 4.0 copies a position in a PPO update, 2.9 in `score`; counted as 5 and 4.
 """
 
 from __future__ import annotations
 
 FLOAT = 4  # bytes of an activation, counted as fp32
+AUTOCAST_BYTES_PER_PARAM = 3.2  # a bf16 training forward's weight copies and gradients (module docstring)
 
 
 def kv_bytes_per_token(config, element_size: int) -> int:
@@ -29,13 +36,15 @@ def kv_bytes_per_token(config, element_size: int) -> int:
     return 2 * config.num_hidden_layers * heads * dim * element_size
 
 
-def activation_bytes_per_token(config, training: bool) -> int:
-    """Activations one token holds in a forward: all layers' kept for the backward (training), or
-    one layer's at a time (inference). SmolLM2-135M (H 576, I 1536, 30 layers): 1,290,240 bytes
-    training, 29,952 inference."""
+def activation_bytes_per_token(config, training: bool, autocast: bool = False) -> int:
+    """Activations one token holds in a forward: all layers' kept for the backward (training, in
+    fp32 or under bf16 `autocast`), or one layer's at a time (inference). SmolLM2-135M (H 576,
+    I 1536, 30 layers): 2,004,480 bytes training in fp32, 1,290,240 under autocast, 29,952
+    inference."""
     h, i = config.hidden_size, config.intermediate_size
     if training:
-        return config.num_hidden_layers * (8 * h + 4 * i) * FLOAT
+        kept = 8 * h + 4 * i if autocast else 13 * h + 6 * i
+        return config.num_hidden_layers * kept * FLOAT
     return (5 * h + 3 * i) * FLOAT
 
 
@@ -45,9 +54,13 @@ def logits_bytes(config, positions: int, training: bool) -> int:
     return positions * config.vocab_size * FLOAT * (5 if training else 4)
 
 
-def forward_bytes(config, rows: int, width: int, kept: int, training: bool) -> int:
+def forward_bytes(config, rows: int, width: int, kept: int, training: bool, autocast_params: int = 0) -> int:
     """A forward over `rows` rows of `width` tokens (left-padded batch or packed prefix trees,
-    with their (rows, width, width) mask) whose logits are kept at `kept` positions in all."""
+    with their (rows, width, width) mask) whose logits are kept at `kept` positions in all;
+    `autocast_params`: the trained model's parameters when it trains under bf16 autocast (its
+    weight copies, `AUTOCAST_BYTES_PER_PARAM`), 0 in fp32 or for inference."""
     tokens = rows * width
     mask = rows * width * width * FLOAT
-    return tokens * activation_bytes_per_token(config, training) + mask + logits_bytes(config, kept, training)
+    activations = tokens * activation_bytes_per_token(config, training, autocast=autocast_params > 0)
+    copies = int(AUTOCAST_BYTES_PER_PARAM * autocast_params) if training else 0
+    return activations + mask + logits_bytes(config, kept, training) + copies

@@ -278,11 +278,15 @@ def micro_batches(
     if headroom == float("inf"):
         return runs
     config = getattr(model, "module", model).config  # DDP and DeepSpeed wrap the model
+    device = next(model.parameters()).device.type
+    # under bf16 autocast a training forward holds bf16 copies of the weights (footprint)
+    params = sum(p.numel() for p in model.parameters()) if torch.is_autocast_enabled(device) else 0
 
     def need(part: list[int]) -> int:
         trees, _ = pack([samples[i].input_ids for i in part])
         width = max(len(tree.tokens) for tree in trees)
-        return forward_bytes(config, len(trees), width, sum(samples[i].response_len for i in part), training)
+        kept = sum(samples[i].response_len for i in part)
+        return forward_bytes(config, len(trees), width, kept, training, autocast_params=params)
 
     def what(i: int) -> str:
         return f"{'training on' if training else 'scoring'} a sample of {len(samples[i].input_ids)} tokens"
