@@ -489,7 +489,8 @@ class AlgoConfig(_Section):
     the loop (m = 0) nothing is valued."""
     progress_steps: int = Field(16, ge=1)
     """With rm_target progress: steps valued an iteration, drawn from the judged steps before an
-    episode's last in tasks inside `band` (the ones whose judgments can train the RM)."""
+    episode's last in tasks inside `band` whose m verdicts are not all alike (the only ones
+    whose judgments can train the RM)."""
     progress_k: int = Field(4, ge=1)
     """With rm_target progress: continuations played from each state (before and after a step)."""
     old_logprobs: Literal["auto", "sampler", "trainer"] = "auto"

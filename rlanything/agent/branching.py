@@ -110,14 +110,18 @@ def state_values(
     return values, counts
 
 
-def sampled_steps(steps: pd.DataFrame, judged: pd.DataFrame, config: Config, seed: int) -> pd.DataFrame:
+def sampled_steps(
+    steps: pd.DataFrame, judged: pd.DataFrame, config: Config, seed: int, split: set[tuple[int, int]]
+) -> pd.DataFrame:
     """`algo.progress_steps` of the judged trajectories' steps before their last, in tasks inside
-    `algo.band` (only their judgments can train the RM), drawn with `seed` -> those step rows."""
+    `algo.band`, whose verdicts are `split` (only their judgments can train the RM), drawn with
+    `seed` -> those step rows."""
     tasks = tasks_in_bands(judged.outcome.to_numpy(), judged.task_id.to_numpy(), config.algo.band)
     last = judged.set_index("traj_id").num_steps - 1
     kept = judged[judged.task_id.isin(tasks)].traj_id
     pool = steps[steps.traj_id.isin(kept)]
     pool = pool[pool.step_idx < pool.traj_id.map(last)]
+    pool = pool[[(int(t), int(k)) in split for t, k in zip(pool.traj_id, pool.step_idx)]]
     return pool.sample(n=min(config.algo.progress_steps, len(pool)), random_state=seed).sort_values(
         ["traj_id", "step_idx"]
     )
@@ -141,12 +145,19 @@ def _points(states: list[tuple[int, int]], steps: pd.DataFrame, episodes: pd.Dat
 
 
 def progress_rows(
-    config: Config, layout: RunLayout, iteration: int, frames: dict[str, pd.DataFrame], judged: pd.DataFrame
+    config: Config,
+    layout: RunLayout,
+    iteration: int,
+    frames: dict[str, pd.DataFrame],
+    judged: pd.DataFrame,
+    split: set[tuple[int, int]],
 ) -> tuple[list[dict], dict[str, float]]:
-    """rm_score under `algo.rm_target: progress`: value the states around a sample of the judged
-    steps (`sampled_steps`) with this iteration's policy -> (PROGRESS rows, metrics)."""
+    """rm_score under `algo.rm_target: progress`, after judging: value the states around a sample
+    of the judged steps whose verdicts are `split` (`sampled_steps`) with this iteration's policy
+    -> (PROGRESS rows, metrics)."""
     steps, episodes = frames["rollouts"], frames["episodes"]
-    picked = sampled_steps(steps, judged, config, derive_seed(config.run.seed, iteration, "progress_sample"))
+    seed = derive_seed(config.run.seed, iteration, "progress_sample")
+    picked = sampled_steps(steps, judged, config, seed, split)
     if picked.empty:
         return [], {"progress/steps": 0}
     ends = {int(t): (int(n), float(o)) for t, n, o in zip(judged.traj_id, judged.num_steps, judged.outcome)}

@@ -107,6 +107,19 @@ def judged_outcomes(trainable: pd.DataFrame, config) -> pd.DataFrame:
     return trainable[trainable.task_id.isin(tasks)]
 
 
+def split_verdicts(judgments: pd.DataFrame) -> set[tuple[int, int]]:
+    """The (traj_id, step_idx) of the steps whose m judgments are not all alike (verdict and
+    whether it parsed): only those can train the RM, whatever it is paid for (alike judgments
+    earn equal rewards: zero_std).
+
+    >>> split_verdicts(pd.DataFrame({"traj_id": [0, 0, 1, 1], "step_idx": [0, 0, 0, 0],
+    ...     "step_score": [1, -1, 1, 1], "parsed": [True] * 4}))
+    {(0, 0)}
+    """
+    kinds = judgments.groupby(["traj_id", "step_idx"])[["step_score", "parsed"]].nunique().max(axis=1)
+    return {(int(t), int(k)) for (t, k), n in kinds.items() if n > 1}
+
+
 def score_steps(config: Config, layout: RunLayout, iteration: int, frames: dict[str, pd.DataFrame]):
     """rm_score for rm.role judge: the RM judges every step of the judged trajectories m times.
     `frames`: the iteration's rollouts, episodes and outcomes -> ({artifact: rows} in the order
@@ -116,9 +129,6 @@ def score_steps(config: Config, layout: RunLayout, iteration: int, frames: dict[
     judged = judged_outcomes(trainable, config)
     m = config.rm.judgments_per_step
     todo = steps_to_judge(steps, episodes, judged, config.rm.history_steps) if m else []  # 0: no RM
-    valued, metrics = [], {}
-    if todo and config.algo.rm_target == "progress":  # what the judgments will be paid for
-        valued, metrics = progress_rows(config, layout, iteration, frames, judged)
     rows: list[dict] = []
     cache = PrefixCache()
     with progress(f"iter {iteration}: rm_score", len(todo) * m) as advance:
@@ -130,7 +140,11 @@ def score_steps(config: Config, layout: RunLayout, iteration: int, frames: dict[
             rows = judge_as_configured(engine, tokenizer, todo, config, seed, prefix_cache=cache)
             weights = weights_label(layout, engine.weights)
             rows = [{**row, "weights": weights} for row in rows]
+            del engine
     frame = pd.DataFrame(rows, columns=JUDGMENTS.names)
+    valued, metrics = [], {}
+    if rows and config.algo.rm_target == "progress":  # what the judgments will be paid for
+        valued, metrics = progress_rows(config, layout, iteration, frames, judged, split_verdicts(frame))
     metrics |= {
         "rm/judgments": len(rows),
         "rm/trajectories_unjudged": len(trainable) - len(judged),

@@ -45,10 +45,14 @@ def test_sampled_steps_are_valued_and_only_their_judgments_are_paid(run):
     outcomes = read_table(layout.artifact(0, "outcomes"), schemas.OUTCOMES).set_index("traj_id")
     progress = read_table(layout.artifact(0, "progress"), schemas.PROGRESS)
     metrics = json.loads((layout.iter_dir(0) / "summary.json").read_text())
-    # 3 steps before their episode's last, each valued before and after
-    assert len(progress) == 3 == metrics["progress/steps"]
+    # up to 3 steps before their episode's last whose 2 verdicts differ, each valued before and after
+    judgments = read_table(layout.artifact(0, "judgments"), schemas.JUDGMENTS)
+    kinds = judgments.groupby(["traj_id", "step_idx"])[["step_score", "parsed"]].nunique().max(axis=1)
+    split = {(t, s) for (t, s), n in kinds.items() if n > 1 and s < outcomes.num_steps[t] - 1}
+    assert 1 <= len(progress) == min(3, len(split)) == metrics["progress/steps"]
+    assert all((t, s) in split for t, s in zip(progress.traj_id, progress.step_idx))
     assert (progress.step_idx < progress.traj_id.map(outcomes.num_steps) - 1).all()
-    assert len(progress.merge(steps, on=["traj_id", "step_idx"])) == 3
+    assert len(progress.merge(steps, on=["traj_id", "step_idx"])) == len(progress)
     both = progress.dropna()
     assert np.allclose(both.progress, both.value_after - both.value_before)
     assert set(np.r_[progress.value_before, progress.value_after]) <= {-1.0, -0.0, 0.0, 1.0}  # K = 2: ±1 or 0
