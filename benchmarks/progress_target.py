@@ -119,7 +119,9 @@ def main() -> None:
 
 def report(picked: pd.DataFrame, counts: dict, seconds: float, states: int, k: int) -> None:
     rule = picked["rule"].to_numpy()
-    print(f"\n{len(picked)} steps before the last ({picked['problem_idx'].nunique()} episodes), {states} states x K = {k}")
+    print(
+        f"\n{len(picked)} steps before the last ({picked['problem_idx'].nunique()} episodes), {states} states x K = {k}"
+    )
     print(f"  by rule: {picked['rule'].value_counts().to_dict()}")
     print(f"  AUROC, progress target:   {ranked_auroc(picked['progress'].to_numpy(), rule)}")
     print(f"  AUROC, its sign:          {ranked_auroc(np.sign(picked['progress'].to_numpy()), rule)}")
