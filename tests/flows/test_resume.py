@@ -249,9 +249,8 @@ def test_a_failing_step_fails_the_flow_and_the_resume_runs_only_the_rest(small_r
     assert step_states(layout.run_dir, 0, expected) == expected
     assert outputs_mtimes(layout, 0, ["rollout", "verify"]) == kept
     assert pq.read_table(judgments).equals(saved)
-    assert (
-        assert_same_files(layout.run_dir, Path(small_run["run_dir"])) == 12 + 2 + 2 * 2
-    )  # iteration 0 only (12 artifacts, progress.parquet among them)
+    # iteration 0 only: its 12 Parquet artifacts (progress.parquet among them), then 2 + 2 x 2 more files
+    assert assert_same_files(layout.run_dir, Path(small_run["run_dir"])) == 12 + 2 + 2 * 2
     assert mlflow_status(layout.run_dir) == "FINISHED"
     assert layout.iteration_done(0).exists()
 
