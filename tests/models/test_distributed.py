@@ -230,3 +230,43 @@ def test_with_lora_the_anchor_is_the_adapters_base(tiny_model_path, tiny_tokeniz
     drift = _drift(tiny_model_path, tmp_path / "first", samples, tiny_tokenizer.pad_token_id)
     assert drift > 1e-3, drift
     assert second[0]["anchor_kl"] == pytest.approx(drift, rel=1e-3, abs=1e-6)
+
+
+def _bf16_copy(folder: Path) -> dict:
+    return {name: w.to(torch_dtype("bfloat16")) for name, w in load_model(folder).state_dict().items()}
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def test_a_start_on_bf16_ties_reaches_a_bf16_sampler_as_its_lr_says(tiny_model_path, tiny_tokenizer, samples, tmp_path):
+    """Weights exactly halfway between two bf16 values (8.1% of the builtin SmolLM2's): a bf16
+    sampler rounds them to even, and after an update, however small, towards its sign. Rounded
+    to the sampler's values first (`round_start_to`), a step of lr 1e-6 leaves the sampler's
+    copy exactly as it was; left as ties, the same step flips most of them."""
+    import torch
+
+    from rlanything.models.training.saving import save_checkpoint
+
+    model = load_model(tiny_model_path)
+    with torch.no_grad():
+        for w in model.parameters():  # each weight's bf16 truncation plus half a bf16 ulp: a tie
+            # at least 0.01: a step of 1e-6 stays under half a bf16 ulp (3e-5 there)
+            w.copy_(torch.where(w < 0, -1.0, 1.0) * w.abs().clamp(min=0.01))
+            w.view(torch.int32).copy_((w.view(torch.int32) & ~0xFFFF) | 0x8000)
+    save_checkpoint(model, tiny_tokenizer, None, tmp_path / "ties")
+    sampled = _bf16_copy(tmp_path / "ties")
+    for name, rounding in (("rounded", "bf16"), ("ties", None)):
+        run_update(job(tmp_path / "ties", tmp_path / name, lr=1e-6, updates=1, round_start_to=rounding), samples)
+    flipped = {
+        name: {k: int((a != sampled[k]).sum()) for k, a in _bf16_copy(tmp_path / name).items()}
+        for name in ("rounded", "ties")
+    }
+    assert sum(flipped["rounded"].values()) == 0, flipped["rounded"]
+    # the layers' weights all have gradients (most embedding rows are tokens no sample holds)
+    layers = [k for k in sampled if ".layers." in k]
+    flips, weights = sum(flipped["ties"][k] for k in layers), sum(sampled[k].numel() for k in layers)
+    assert flips > 0.2 * weights, (flips, weights)
