@@ -200,3 +200,20 @@ def test_the_update_replay_benchmark_reruns_the_update_on_its_own_samples(run, k
         assert parts["matmuls"] > 0 and parts["optimizer and clipping"] > 0, out
         total = parts.pop("total")
         assert abs(sum(parts.values()) - total) <= 0.01 * len(parts), out
+
+
+def test_the_first_rm_step_benchmark_scores_both_starts_in_both_precisions(run, run_benchmark):
+    """benchmarks/first_rm_step.py on this run: rounding the start to bf16 leaves what a bf16
+    sampler runs unchanged (the loader's own cast), and a step of lr 1e-9 from the rounded
+    start stays under half a bf16 ulp: the bf16 P(+1) is the start's to the digit."""
+    import re
+
+    result, _ = run
+    out = run_benchmark("first_rm_step", result["run_dir"], "--lr", "1e-9", "--prompts", "8")
+    assert re.search(r"^   \d+ samples; 8 prompts of iteration 1$", out, re.M), out
+    assert re.search(r"^   start weights exactly halfway between two bf16 values: [\d.]+%$", out, re.M), out
+    p = dict(re.findall(r"^   (.+): P\(\+1\) scored in bf16 ([\d.]+), in fp32 [\d.]+$", out, re.M))
+    assert len(p) == 4, out
+    assert (
+        p["start as loaded"] == p["start rounded to bf16"] == p["one step at lr 1e-09 from the start rounded to bf16"]
+    ), p

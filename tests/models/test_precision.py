@@ -210,3 +210,22 @@ def test_truncated_importance_sampling_needs_the_trainers_logprobs():
         build_config({"algo": {"tis_cap": 2.0, "old_logprobs": "sampler"}})
     with pytest.raises(ConfigError, match="tis_cap"):
         build_config({"algo": {"tis_cap": 1.0}})  # a cap of 1 would zero every update above the sampler
+
+
+def test_only_an_update_from_the_runs_first_weights_rounds_them_to_a_bf16_sampler(tmp_path):
+    """`round_start_to` (models.precision.round_to_bf16_): the policy sampled in bf16 starts
+    from its weights as sampled in iteration 0 only (later starts are the trainer's own fp32
+    checkpoints, whose sub-ulp progress rounding would erase); the fp32-sampled RM never."""
+    from rlanything.agent.update_data import update_job
+    from rlanything.storage.layout import RunLayout
+
+    config = build_config(
+        {"policy": {"device": "cpu", "precision": "bf16"}, "rm": {"device": "cpu", "precision": "fp32"}}
+    )
+    layout = RunLayout(tmp_path)
+    rounding = {
+        (kind, iteration): update_job(config, layout, iteration, kind, getattr(config, kind), 0).round_start_to
+        for kind in ("policy", "rm")
+        for iteration in (0, 1)
+    }
+    assert rounding == {("policy", 0): "bf16", ("policy", 1): None, ("rm", 0): None, ("rm", 1): None}

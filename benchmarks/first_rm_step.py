@@ -1,0 +1,93 @@
+"""What the RM's first update does to its verdict prior, with the start left on bf16 ties and
+rounded to the bf16 sampler's values first (the update's `round_start_to`).
+
+    python -m benchmarks.first_rm_step RUN_DIR [--lr 1e-8,1e-5] [--prompts 40]
+
+Replays iteration 0's RM update (the samples it trained on, the run's settings, AdamW as
+shipped, at each `--lr` with no warmup) twice: from the starting RM as it loads, and from it
+rounded to bf16 (`models.precision.round_to_bf16_`, what the update now does when a bf16
+sampler ran the start). Each result, and each start, is scored on the first `--prompts` steps
+the RM judged in iteration 1 (iteration 0 where the run has no later one): P(+1) of the
+constrained verdict (`benchmarks.verdict_prior.plus_probability`) loaded in bf16, as the
+sampler runs it, and in fp32. Printed first: the share of the start's weights that lie exactly
+halfway between two bf16 values. A step whose bf16 P(+1) moves far while its fp32 P(+1) does
+not is the rounding, not the update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from benchmarks.common import cpu_line, header
+from benchmarks.verdict_prior import plus_probability
+from rlanything.agent.rm_roles import update_samples
+from rlanything.agent.update_data import steps_taken, update_job
+from rlanything.config import load_config
+from rlanything.models.loading import load_model, load_tokenizer
+from rlanything.models.precision import round_to_bf16_
+from rlanything.models.training.distributed import run_update
+from rlanything.models.training.saving import save_checkpoint
+from rlanything.storage.layout import RunLayout
+
+
+def tie_share(model) -> float:
+    """Share of the fp32 weights exactly halfway between two bf16 values (low 16 bits 0x8000)."""
+    ties = total = 0
+    for weight in model.parameters():
+        if weight.dtype == torch.float32:
+            low = weight.detach().contiguous().view(torch.int32) & 0xFFFF
+            ties, total = ties + int((low == 0x8000).sum()), total + weight.numel()
+    return ties / max(total, 1)
+
+
+def judged_prompts(run_dir: Path, n: int) -> tuple[int, list[list[int]]]:
+    """The first `n` distinct steps the RM judged in iteration 1 (else 0) -> (iteration, prompts)."""
+    iteration = 1 if (run_dir / "iter_0001" / "judgments.parquet").exists() else 0
+    judged = pd.read_parquet(run_dir / f"iter_{iteration:04d}" / "judgments.parquet")
+    judged = judged.drop_duplicates(["traj_id", "step_idx"]).head(n)
+    return iteration, [list(map(int, ids)) for ids in judged.prompt_ids]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--lr", default="1e-8,1e-5", help="learning rates of the replayed step, comma-separated")
+    ap.add_argument("--prompts", type=int, default=40)
+    args = ap.parse_args()
+    header("first_rm_step: the RM's first update, from its start as loaded and rounded to bf16")
+    print(f"   {cpu_line()}")
+    config, layout = load_config(args.run_dir / "config.yaml"), RunLayout(args.run_dir)
+    samples = update_samples(config, layout, 0, "rm")
+    job = update_job(config, layout, 0, "rm", config.rm, steps_taken(layout, "rm", 0))
+    iteration, prompts = judged_prompts(args.run_dir, args.prompts)
+    start = Path(job.start)
+    model = load_model(start, "float32")
+    print(f"   {len(samples)} samples; {len(prompts)} prompts of iteration {iteration}")
+    print(f"   start weights exactly halfway between two bf16 values: {tie_share(model):.1%}")
+
+    def score(label: str, folder: Path) -> None:
+        p = {prec: plus_probability(folder, prec, prompts, config.rm.temperature).mean() for prec in ("bf16", "fp32")}
+        print(f"   {label}: P(+1) scored in bf16 {p['bf16']:.3f}, in fp32 {p['fp32']:.3f}", flush=True)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        rounded = Path(scratch) / "rounded-start"
+        round_to_bf16_(model)
+        save_checkpoint(model, load_tokenizer(start), None, rounded)
+        del model
+        score("start as loaded", start)
+        score("start rounded to bf16", rounded)
+        for lr in (float(x) for x in args.lr.split(",")):
+            for label, rounding in (("as loaded", None), ("rounded to bf16", "bf16")):
+                out = Path(scratch) / f"{lr}-{rounding}"
+                run_update(replace(job, out=str(out), lr=lr, warmup_steps=0, round_start_to=rounding), samples)
+                score(f"one step at lr {lr:g} from the start {label}", out)
+
+
+if __name__ == "__main__":
+    main()
