@@ -245,9 +245,9 @@ def recompute_old_logprobs(setting: str, generation: str, update: str) -> bool:
     return setting == "trainer"
 
 
-def round_to_bf16_(model) -> int:
-    """Round every fp32 weight of `model` to its nearest bf16 value, in place (it stays fp32)
-    -> how many weights moved. An update that starts from weights a bf16 sampler ran calls it
+def round_to_bf16_(model) -> None:
+    """Round every fp32 weight of `model` to its nearest bf16 value, in place (it stays fp32).
+    An update that starts from weights a bf16 sampler ran calls it
     first, so that its fp32 master weights are the sampler's weights exactly.
 
     Why: weights converted from a format between bf16 and fp32 (the builtin SmolLM2 comes from
@@ -261,16 +261,13 @@ def round_to_bf16_(model) -> int:
     >>> layer = torch.nn.Linear(2, 1, bias=False)
     >>> with torch.no_grad():
     ...     _ = layer.weight.copy_(torch.tensor([[1.0 + 2**-8, 1.0 + 2**-7]]))  # a tie; a bf16 value
-    >>> round_to_bf16_(layer), layer.weight.tolist()  # the tie rounded to even, the other kept
-    (1, [[1.0, 1.0078125]])
+    >>> round_to_bf16_(layer)
+    >>> layer.weight.tolist()  # the tie rounded to even, the other kept
+    [[1.0, 1.0078125]]
     """
     import torch
 
-    moved = 0
     with torch.no_grad():
         for weight in model.parameters():
             if weight.dtype == torch.float32:
-                rounded = weight.to(torch.bfloat16).float()
-                moved += int((rounded != weight).sum())
-                weight.copy_(rounded)
-    return moved
+                weight.copy_(weight.to(torch.bfloat16))

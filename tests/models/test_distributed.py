@@ -233,13 +233,9 @@ def test_with_lora_the_anchor_is_the_adapters_base(tiny_model_path, tiny_tokeniz
 
 
 def _bf16_copy(folder: Path) -> dict:
-    return {name: w.to(torch_dtype("bfloat16")) for name, w in load_model(folder).state_dict().items()}
-
-
-def torch_dtype(name: str):
     import torch
 
-    return getattr(torch, name)
+    return {name: w.to(torch.bfloat16) for name, w in load_model(folder).state_dict().items()}
 
 
 def test_a_start_on_bf16_ties_reaches_a_bf16_sampler_as_its_lr_says(tiny_model_path, tiny_tokenizer, samples, tmp_path):
