@@ -10,7 +10,7 @@ the shipped SmolLM2 TextWorld config), exactly as `rlanything eval` plays them
 prints per turn: the games still running, their longest and mean prompt (tokens), the seconds
 the engine took and the tokens it sampled per game; then the wins with their 95% Wilson interval,
 the format (what share of the replies were read from a box) and the time. Used to choose the
-shipped settings of a text game (docs/benchmarks.md, "Text games: where SmolLM2 starts"): the
+shipped settings of a text game (docs/learning.md, "Text games: where SmolLM2 starts"): the
 base win rate should leave room to learn, and a turn should be cheap enough for an iteration.
 
 Games are generated (and cached) before the first turn; the generation time is printed apart.

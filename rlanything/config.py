@@ -324,7 +324,7 @@ class RewardModelConfig(ModelConfig):
     """The RM reads each observation (the task, earlier steps, what happened next) through the
     environment's `judge_view`: a text game's without the list of valid commands and the answer
     line written for the policy: with `history_steps: 0`, a two-room TextWorld judge prompt of
-    ~460-500 tokens loses 24-29% of them (measured: docs/benchmarks.md), and the RM's judging and
+    ~460-500 tokens loses 24-29% of them (measured: docs/judge.md), and the RM's judging and
     update cost with them. False: as the policy read it (the paper); environments without a
     view are unchanged either way (our departure, off by default: docs/method.md)."""
     judge_trainable_only: bool = False
@@ -337,7 +337,7 @@ class RewardModelConfig(ModelConfig):
     for task adaptation's critic (so adaptation needs `adapt.rewriter: rule` and `adapt.critic:
     extractive`). On text games most tasks sit outside the band (all won or all lost): judging
     their steps too took 73 s of an iteration instead of 11 s (one measured iteration on one core,
-    docs/benchmarks.md). False: every step is judged (the paper; our departure, off by default:
+    docs/judge.md). False: every step is judged (the paper; our departure, off by default:
     docs/method.md)."""
     role: Literal["judge", "unit_tests"] = "judge"
     """`judge`: the RM judges every step ±1 (m judgments); `unit_tests` (env.kind coding only,

@@ -193,7 +193,7 @@ def _direct_verdicts(
     (`Choice.pick`, uniforms from `random.Random(seed)`) from those options' first-token
     probabilities; a judgment's log-probs are its option's scored ones. The same distribution
     and log-probs as m generations that decode the choice (up to float rounding), at the cost
-    of one prompt instead of m (docs/benchmarks.md, "Direct verdicts").
+    of one prompt instead of m (docs/judge.md, "Direct verdicts").
     Example (m 3, SmolLM2): prompts [P] -> scored P + "\\n\\boxed{1}" and P + "\\n\\boxed{-1}";
     first-token probabilities renormalised [0.25, 0.75]; uniforms 0.6, 0.1, 0.9 -> -1, 1, -1."""
     rng = random.Random(seed)

@@ -255,7 +255,7 @@ def round_to_bf16_(model) -> None:
     sampler rounds such a tie to even; after an update, however small, it rounds it towards the
     update's sign. The first update then lands in the sampler as a half-ulp sign step on those
     weights, whatever the learning rate: one AdamW step at lr 1e-8 moved the judge's P(+1) from
-    0.73 to 0.07 (docs/benchmarks.md, "The judge's first step was the bf16 rounding").
+    0.73 to 0.07 (docs/judge.md, "The judge's first step was the bf16 rounding").
 
     >>> import torch
     >>> layer = torch.nn.Linear(2, 1, bias=False)
