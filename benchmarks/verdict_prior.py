@@ -66,10 +66,15 @@ def main() -> None:
     print(f"   iteration {args.iteration}: {len(prompts)} judged steps ({won.sum()} of won episodes), {precision}")
     for label, path in (("the RM that judged them", mine), (f"{args.rm or config.rm_model}", other)):
         p = plus_probability(path, precision, prompts, config.rm.temperature)
+        both = won.any() and not won.all()  # a run that won nothing (or everything) has no AUROC
         print(
-            f"{label}: mean P(+1) {p.mean():.3f} (won {p[won].mean():.3f}, lost {p[~won].mean():.3f}), "
-            f"outcome AUROC {auroc(p, won):.3f}"
+            f"{label}: mean P(+1) {p.mean():.3f} (won {_mean(p[won])}, lost {_mean(p[~won])}), "
+            f"outcome AUROC {f'{auroc(p, won):.3f}' if both else 'n/a (one class)'}"
         )
+
+
+def _mean(values: np.ndarray) -> str:
+    return f"{values.mean():.3f}" if len(values) else "n/a"
 
 
 if __name__ == "__main__":

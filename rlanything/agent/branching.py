@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from rlanything import memory
-from rlanything.agent.play import Episode, _env_call, play_on
+from rlanything.agent.play import Episode, env_call, play_on
 from rlanything.agent.run_context import model_path, step_engine
 from rlanything.algo.curriculum import tasks_in_bands
 from rlanything.algo.mc_progress import branch_states, progress_targets
@@ -55,11 +55,11 @@ def _replayed(point: BranchPoint, index: int, rollout: int, env: Environment) ->
     the replay saw other observations than the recorded ones)."""
     task = {"task_id": f"branch-{index:05d}", "slot": index, "version": 0, "spec": point.spec, "pending": False}
     ep = Episode(traj_id=index, task=task, rollout_idx=rollout, env=env)
-    seen = [_env_call(ep, env.reset, point.spec)]
+    seen = [env_call(ep, env.reset, point.spec)]
     for action in point.actions:
         if ep.termination is not None:
             break
-        result = _env_call(ep, env.step, action)
+        result = env_call(ep, env.step, action)
         seen.append(result.observation if result is not None else None)
         if result is not None and result.done:
             ep.termination = "done"  # the recorded episode went on: the replay disagrees
@@ -94,9 +94,9 @@ def state_values(
     outcomes = np.full(len(episodes), np.nan)
     for i, ep in enumerate(episodes):
         if ep.termination != "env_error" and not mismatched[i]:
-            won = _env_call(ep, ep.env.outcome)
+            won = env_call(ep, ep.env.outcome)
             outcomes[i] = np.nan if won is None else float(won)
-        _env_call(ep, ep.env.close)
+        env_call(ep, ep.env.close)
     by_point = outcomes.reshape(len(points), k)
     valid = ~np.isnan(by_point)
     values = np.where(valid.any(axis=1), np.nansum(by_point, axis=1) / np.maximum(valid.sum(axis=1), 1), np.nan)

@@ -63,7 +63,10 @@ def _keep_screen(ep: Episode, save: SaveScreenshot | None, step_idx: int | None,
         return None
 
 
-def _env_call(ep: Episode, fn: Callable, *args) -> Any:
+def env_call(ep: Episode, fn: Callable, *args) -> Any:
+    """`fn(*args)` on the episode's environment -> its result, or None with the episode ended as
+    `env_error` (the error kept) where the environment raised. Replays (agent/branching.py) use it
+    too, so a crashed replay is counted as a crashed episode is."""
     try:
         return fn(*args)
     except Exception as err:  # an environment crash is data, not a crashed iteration
@@ -230,7 +233,7 @@ def _start_episodes(
         Episode(t * group_size + r, task, r, make_env()) for t, task in enumerate(tasks) for r in range(group_size)
     ]
     for ep in episodes:
-        first = _env_call(ep, ep.env.reset, ep.task["spec"])
+        first = env_call(ep, ep.env.reset, ep.task["spec"])
         if first is not None:
             ep.observations.append(first)
             ep.first_screenshot = _keep_screen(ep, save, None, errors)
@@ -257,7 +260,7 @@ def _act(
     "max_steps" on the last step; a finished episode of an environment that cannot be replayed
     gets its outcome asked now (`live_outcome`), after the step's screenshot."""
     action, status = parse_answer(response, fallback=answer_fallback)
-    result = _env_call(ep, ep.env.step, action)
+    result = env_call(ep, ep.env.step, action)
     observation = result.observation if result is not None else ""
     done = result.done if result is not None else True
     ep.responses.append(response)
@@ -268,7 +271,7 @@ def _act(
         ep.termination = "max_steps"
     shot = _keep_screen(ep, save, step_idx, errors)
     if ep.termination == "done" and not replayable(ep.env):
-        ep.live_outcome = _env_call(ep, ep.env.outcome)
+        ep.live_outcome = env_call(ep, ep.env.outcome)
     return action, status, observation, shot
 
 
@@ -317,7 +320,7 @@ def _step_row(
 
 def _finish(ep: Episode) -> dict:
     """Close the episode's environment, then its trajectory row (a close that raises is env_error)."""
-    _env_call(ep, ep.env.close)
+    env_call(ep, ep.env.close)
     return {
         **_episode_ids(ep),
         "first_observation": ep.observations[0] if ep.observations else "",

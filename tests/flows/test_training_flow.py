@@ -217,3 +217,21 @@ def test_the_first_rm_step_benchmark_scores_both_starts_in_both_precisions(run, 
     assert (
         p["start as loaded"] == p["start rounded to bf16"] == p["one step at lr 1e-09 from the start rounded to bf16"]
     ), p
+
+
+def test_the_verdict_prior_benchmark_scores_the_same_prompts_under_two_rms(run, run_benchmark):
+    """benchmarks/verdict_prior.py on this run: on iteration 0 the RM that judged is the run's
+    starting RM, so both lines print the same P(+1) to the digit; on iteration 1 the judge is
+    iteration 0's trained RM, which its lr-1e-4 update moved off the start."""
+    import re
+
+    result, _ = run
+    line = re.compile(r"^(.+): mean P\(\+1\) ([\d.]+) \(won (?:[\d.]+|n/a), lost (?:[\d.]+|n/a)\), outcome AUROC", re.M)
+    for iteration, same in ((0, True), (1, False)):
+        out = run_benchmark("verdict_prior", result["run_dir"], "--iteration", str(iteration))
+        assert re.search(
+            rf"^   iteration {iteration}: \d+ judged steps \(\d+ of won episodes\), (bf16|fp32)$", out, re.M
+        )
+        p = dict(line.findall(out))
+        assert len(p) == 2 and all(0 < float(v) < 1 for v in p.values()), out
+        assert (p["the RM that judged them"] == p["builtin:tiny-random?seed=1"]) is same, out
