@@ -21,11 +21,10 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 from benchmarks.common import cpu_line, header
-from benchmarks.verdict_prior import plus_probability
+from benchmarks.verdict_prior import judged_steps, plus_probability
 from rlanything.agent.rm_roles import update_samples
 from rlanything.agent.update_data import steps_taken, update_job
 from rlanything.config import load_config
@@ -49,9 +48,7 @@ def tie_share(model) -> float:
 def judged_prompts(run_dir: Path, n: int) -> tuple[int, list[list[int]]]:
     """The first `n` distinct steps the RM judged in iteration 1 (else 0) -> (iteration, prompts)."""
     iteration = 1 if (run_dir / "iter_0001" / "judgments.parquet").exists() else 0
-    judged = pd.read_parquet(run_dir / f"iter_{iteration:04d}" / "judgments.parquet")
-    judged = judged.drop_duplicates(["traj_id", "step_idx"]).head(n)
-    return iteration, [list(map(int, ids)) for ids in judged.prompt_ids]
+    return iteration, list(judged_steps(run_dir / f"iter_{iteration:04d}").prompts.head(n))
 
 
 def main() -> None:

@@ -45,6 +45,19 @@ def plus_probability(model_dir: Path, precision: str, prompts: list[list[int]], 
     return 1.0 / (1.0 + np.exp(first[-1] - first[1]))
 
 
+def judged_steps(folder: Path) -> pd.DataFrame:
+    """An iteration folder's judged steps, one row each (its first judgment: the m judgments of a
+    step share its prompt and the judging weights), with `prompts` as lists of token ids."""
+    judged = pd.read_parquet(folder / "judgments.parquet").drop_duplicates(["traj_id", "step_idx"])
+    return judged.assign(prompts=[list(map(int, ids)) for ids in judged.prompt_ids])
+
+
+def shown(value: float, missing: str = "n/a") -> str:
+    """`value` to 3 decimals, or `missing` where it is NaN (a mean or AUROC of a class that did
+    not occur: `auroc` is NaN unless both do)."""
+    return missing if np.isnan(value) else f"{value:.3f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", type=Path)
@@ -55,10 +68,10 @@ def main() -> None:
     print(f"   {cpu_line()}")
     config = load_config(args.run_dir / "config.yaml")
     folder = args.run_dir / f"iter_{args.iteration:04d}"
-    judged = pd.read_parquet(folder / "judgments.parquet").drop_duplicates(["traj_id", "step_idx"])
+    judged = judged_steps(folder)
     outcome = pd.read_parquet(folder / "outcomes.parquet").set_index("traj_id").outcome
     won = judged.traj_id.map(outcome).to_numpy() > 0
-    prompts = [list(map(int, ids)) for ids in judged.prompt_ids]
+    prompts = list(judged.prompts)
     judge = judged.weights.iloc[0]
     mine = Path(judge) if Path(judge).is_absolute() else args.run_dir / judge
     other = resolve_model_path(args.rm or config.rm_model)
@@ -66,15 +79,11 @@ def main() -> None:
     print(f"   iteration {args.iteration}: {len(prompts)} judged steps ({won.sum()} of won episodes), {precision}")
     for label, path in (("the RM that judged them", mine), (f"{args.rm or config.rm_model}", other)):
         p = plus_probability(path, precision, prompts, config.rm.temperature)
-        both = won.any() and not won.all()  # a run that won nothing (or everything) has no AUROC
+        won_mean, lost_mean = (p[side].mean() if side.any() else np.nan for side in (won, ~won))
         print(
-            f"{label}: mean P(+1) {p.mean():.3f} (won {_mean(p[won])}, lost {_mean(p[~won])}), "
-            f"outcome AUROC {f'{auroc(p, won):.3f}' if both else 'n/a (one class)'}"
+            f"{label}: mean P(+1) {p.mean():.3f} (won {shown(won_mean)}, lost {shown(lost_mean)}), "
+            f"outcome AUROC {shown(auroc(p, won), 'n/a (one class)')}"
         )
-
-
-def _mean(values: np.ndarray) -> str:
-    return f"{values.mean():.3f}" if len(values) else "n/a"
 
 
 if __name__ == "__main__":
