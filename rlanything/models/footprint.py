@@ -16,7 +16,12 @@ the count before, was 1.4-1.6x short); under bf16 autocast 8H + 4I at 4 bytes, p
 (`AUTOCAST_BYTES_PER_PARAM`; we take it to be the autocast cache's bf16 copy of every weight and
 the weights' bf16 gradients before they join the fp32 ones: not traced). With these the estimate
 came within -0.05 to +0.28 GiB of the measured micro-batches in bf16 and -0.20 to +0.11 GiB in
-fp32 (estimate minus measured). A fresh process's first forward and backward also map ~0.3-0.5 GiB of library code and
+fp32 (estimate minus measured). Scoring without gradient under autocast (the update's old log-probs) holds the bf16 copies
+too: measured on SmolLM2, 0.28-0.31 GiB above the activations at widths 832-3,232, counted as 2.5
+bytes a parameter (`AUTOCAST_SCORING_BYTES_PER_PARAM`; 2 would be one bf16 copy). Those packed
+forwards pass `use_cache=False`: transformers otherwise builds a KV cache of every layer that
+nothing reads, which tripled a scoring forward's memory (fp32, one row of 3,232 tokens: 0.46 GiB
+against 0.14, December 2026). A fresh process's first forward and backward also map ~0.3-0.5 GiB of library code and
 allocator arenas once; that is part of the budget's margin. Logits are V floats a kept
 position, in several copies: the logits, the rows gathered from them, their log_softmax and, when
 training, the gradients. Measured on the tiny model (V 49,152, where the logits are nearly all of
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 FLOAT = 4  # bytes of an activation, counted as fp32
 AUTOCAST_BYTES_PER_PARAM = 3.2  # a bf16 training forward's weight copies and gradients (module docstring)
+AUTOCAST_SCORING_BYTES_PER_PARAM = 2.5  # a bf16 forward without gradient: the weights' bf16 copies
 
 
 def kv_bytes_per_token(config, element_size: int) -> int:
@@ -57,10 +63,12 @@ def logits_bytes(config, positions: int, training: bool) -> int:
 def forward_bytes(config, rows: int, width: int, kept: int, training: bool, autocast_params: int = 0) -> int:
     """A forward over `rows` rows of `width` tokens (left-padded batch or packed prefix trees,
     with their (rows, width, width) mask) whose logits are kept at `kept` positions in all;
-    `autocast_params`: the trained model's parameters when it trains under bf16 autocast (its
-    weight copies, `AUTOCAST_BYTES_PER_PARAM`), 0 in fp32 or for inference."""
+    `autocast_params`: the model's parameters when it runs under bf16 autocast (its weight
+    copies, `AUTOCAST_BYTES_PER_PARAM` training, `AUTOCAST_SCORING_BYTES_PER_PARAM` scoring), 0 in
+    fp32 or in an engine (whose weights are already in the precision it runs)."""
     tokens = rows * width
     mask = rows * width * width * FLOAT
     activations = tokens * activation_bytes_per_token(config, training, autocast=autocast_params > 0)
-    copies = int(AUTOCAST_BYTES_PER_PARAM * autocast_params) if training else 0
+    per_param = AUTOCAST_BYTES_PER_PARAM if training else AUTOCAST_SCORING_BYTES_PER_PARAM
+    copies = int(per_param * autocast_params)
     return activations + mask + logits_bytes(config, kept, training) + copies

@@ -149,9 +149,9 @@ def packed_logits(model, trees: list[PrefixTree], pad_id: int, keep: torch.Tenso
     with tree_attention(model, [t.parents for t in trees], width, device) as plan:
         ids, pos, mask = tree_inputs(trees, pad_id, with_mask=plan is None)
         extra = {"attention_mask": _mask_for(model, mask.to(device))} if plan is None else {"tree_plan": plan}
-        return model(
-            input_ids=ids.to(device), position_ids=pos.to(device), logits_to_keep=keep.to(device), **extra
-        ).logits
+        # use_cache=False: no KV cache of every layer that nothing reads (3x a scoring forward's memory)
+        inputs = dict(input_ids=ids.to(device), position_ids=pos.to(device), logits_to_keep=keep.to(device))
+        return model(**inputs, use_cache=False, **extra).logits
 
 
 def _mask_for(model, mask: torch.Tensor) -> torch.Tensor:

@@ -29,8 +29,9 @@ the all-reduced (averaged) gradient is still the mini-batch's mean over sequence
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -277,9 +278,42 @@ def micro_batches(
     headroom = memory.headroom_bytes() - reserve
     if headroom == float("inf"):
         return runs
+    need = _forward_need(model, samples, training)
+
+    def what(i: int) -> str:
+        return f"{'training on' if training else 'scoring'} a sample of {len(samples[i].input_ids)} tokens"
+
+    return [part for run in runs for part in memory.cut_to_fit(run, need, headroom, what)]
+
+
+def fitted_micro_batches(
+    model, samples: list[Sample], order: list[int], size: int, training: bool, reserve: Callable[[], int] = lambda: 0
+) -> Iterator[tuple[list[int], bool]]:
+    """`micro_batches`, checked again before each one -> (part, whether it is the last).
+    The plan is cut from what the process holds when it is made, but what a micro-batch's
+    backward frees stays resident in the allocator's arenas, and the next micro-batch does not
+    always reuse it: measured on a text-game +RM update under 8 GiB, 7.70 GiB held against 5.85
+    planned. So where what is held now plus the next part's estimate passes the budget, the
+    freed memory is given back and the rest is cut again from there (`micro_batches`); where it
+    fits, nothing is given back (giving back after every backward cost 9% of the update)."""
+    parts = micro_batches(model, samples, order, size, training, reserve())
+    budget = memory.budget_bytes()
+    need = _forward_need(model, samples, training) if budget != float("inf") else None
+    while parts:
+        part = parts.pop(0)
+        if need is not None and memory.rss_bytes() + need(part) + reserve() > budget:
+            rest = [i for p in [part, *parts] for i in p]
+            parts = micro_batches(model, samples, rest, size, training, reserve())
+            part = parts.pop(0)
+        yield part, not parts
+
+
+def _forward_need(model, samples: list[Sample], training: bool) -> Callable[[list[int]], int]:
+    """The estimate (bytes) of one packed forward over some of `samples` (indices), backward
+    included when `training` (`footprint.forward_bytes`)."""
     config = getattr(model, "module", model).config  # DDP and DeepSpeed wrap the model
     device = next(model.parameters()).device.type
-    # under bf16 autocast a training forward holds bf16 copies of the weights (footprint)
+    # under bf16 autocast a forward holds bf16 copies of the weights (footprint)
     params = sum(p.numel() for p in model.parameters()) if torch.is_autocast_enabled(device) else 0
 
     def need(part: list[int]) -> int:
@@ -288,10 +322,7 @@ def micro_batches(
         kept = sum(samples[i].response_len for i in part)
         return forward_bytes(config, len(trees), width, kept, training, autocast_params=params)
 
-    def what(i: int) -> str:
-        return f"{'training on' if training else 'scoring'} a sample of {len(samples[i].input_ids)} tokens"
-
-    return [part for run in runs for part in memory.cut_to_fit(run, need, headroom, what)]
+    return need
 
 
 def _gap(samples: list[Sample], cap: float) -> dict:
@@ -333,11 +364,16 @@ def _minibatch_step(
     measures = (*MEASURES, "anchor_kl") if anchored else MEASURES
     totals = dict.fromkeys(measures, 0.0)
     num_tokens = 0
-    parts = micro_batches(model, samples, mine, micro_batch_size, True, pending_bytes(model, optimizer))
-    for k, part in enumerate(parts):
+    reserve = functools.partial(pending_bytes, model, optimizer)
+    if world == 1:
+        parts = fitted_micro_batches(model, samples, mine, micro_batch_size, True, reserve)
+    else:  # every process keeps its first plan: ZeRO-3 gathers weights in collective forwards
+        planned = micro_batches(model, samples, mine, micro_batch_size, True, reserve())
+        parts = ((part, k == len(planned) - 1) for k, part in enumerate(planned))
+    for part, last in parts:
         micro = [samples[i] for i in part]
         weight = len(micro) * share
-        with backend.accumulate(model, sync=k == len(parts) - 1):
+        with backend.accumulate(model, sync=last):
             loss, stats = _micro_batch_loss(model, micro, **loss_args)
             backend.backward(loss * (weight * world))  # all-reduce averages over processes
         for key in measures:
