@@ -2,7 +2,7 @@
 its time goes.
 
     python -m benchmarks.update_replay RUN_DIR [--iteration 0] [--kind policy|rm]
-        [--precision fp32,bf16] [--attention tree] [--repeats 2] [--micro N] [--profile]
+        [--precision fp32,bf16] [--attention tree] [--repeats 2] [--micro N] [--memory-gb G] [--profile]
 
 Takes the samples the update of `kind` trained on in that iteration (`agent.rm_roles.update_samples`:
 its kept rollout steps or judgments, as the step reads them) and the weights it started from,
@@ -13,8 +13,9 @@ bf16, fp32, bf16, ...) so a neighbour's load falls on both. `--attention tree,ma
 the packed rows' attention as well: `tree` as shipped (`tree_attention`, each shared prefix
 once per branch, for rows of TREE_MIN_NODES or more), `mask` every row over its (N, N)
 ancestor mask (the path before tree attention). The run's own settings otherwise;
-`--micro` overrides the micro-batch size. Prints each run's seconds, the fastest per precision
-and the ratio. `--profile`: one more run per precision under torch's profiler, its self time
+`--micro` overrides the micro-batch size, `--memory-gb` the run's `run.memory_gb`. Prints each
+run's seconds and peak resident memory (`memory.peak_gb`, the counter reset before each), the
+fastest per precision and the ratio. `--profile`: one more run per precision under torch's profiler, its self time
 grouped into PARTS (the profiler's own cost inflates the total a little). On a CPU without bf16
 units (neither amx_bf16 nor avx512_bf16 in /proc/cpuinfo's flags, or in RLANYTHING_CPU_FLAGS when
 set) bf16 is left out of --precision, with one line saying so: it runs on slow emulation kernels
@@ -36,6 +37,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import cpu_line, header, profile_parts, timed_precisions
+from rlanything import memory
 from rlanything.agent.rm_roles import update_samples
 from rlanything.agent.update_data import steps_taken, update_job
 from rlanything.config import load_config
@@ -84,6 +86,7 @@ def main() -> None:
     parser.add_argument("--attention", default="tree", help="of tree, mask: comma-separated, alternated")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--micro", type=int, default=None, help="micro-batch size (default: the run's)")
+    parser.add_argument("--memory-gb", type=float, default=None, help="the budget (default: the run's)")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     config, layout = load_config(args.run_dir / "config.yaml"), RunLayout(args.run_dir)
@@ -96,13 +99,14 @@ def main() -> None:
         sys.exit(f"the update's start weights {job.start} are gone (run.keep_checkpoints): replay iteration 0")
     if args.micro:
         job = replace(job, micro_batch_size=args.micro)
+    memory.set_budget(args.memory_gb or config.run.memory_gb)  # as the step sets it
     header(f"{args.kind} update of {args.run_dir.name} iteration {args.iteration} replayed")
     print(f"   {cpu_line()}")
     sampler = run_precision(config, layout.run_dir)[args.kind]["generation"].precision  # the samples' log-probs
     tokens = sum(len(s.input_ids) for s in samples)
     print(
         f"   {len(samples)} samples, {tokens} tokens (prompts counted per sample), micro-batch "
-        f"{job.micro_batch_size}; sampled in {sampler}"
+        f"{job.micro_batch_size}; sampled in {sampler}; budget {memory.budget_bytes() / 2**30:.1f} GiB"
     )
     precisions = args.precision.split(",")
     assert set(precisions) <= {"fp32", "bf16"}, args.precision
@@ -116,6 +120,8 @@ def main() -> None:
         recompute = recompute_old_logprobs(config.algo.old_logprobs, sampler, precision)
         min_nodes = tree_attention.TREE_MIN_NODES if attention == "tree" else sys.maxsize
         with tempfile.TemporaryDirectory() as out, swapped(tree_attention, "TREE_MIN_NODES", min_nodes):
+            memory.release()
+            memory.reset_peak()
             start = time.perf_counter()
             run_update(replace(job, out=out, precision=precision, recompute_old=recompute), samples)
             return time.perf_counter() - start
@@ -124,7 +130,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for v in variants:
             seconds[v].append(once(*v))
-            print(f"   {' '.join(v)}: {seconds[v][-1]:.2f} s", flush=True)
+            print(f"   {' '.join(v)}: {seconds[v][-1]:.2f} s, peak {memory.peak_gb():.2f} GiB", flush=True)
     best = {v: min(s) for v, s in seconds.items()}
     print("   fastest: " + ", ".join(f"{' '.join(v)} {s:.2f} s" for v, s in best.items()))
     for a in attentions:
