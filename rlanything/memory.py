@@ -57,16 +57,35 @@ def release() -> bool:
     tensors stay in the allocator's arenas, counted in the resident memory, until then. Measured
     on SmolLM2: after three turns of 32 rollouts and the engine deleted, 3.09 GiB resident, 0.43
     GiB after the trim. False where there is no glibc (nothing to do)."""
-    trim = _malloc_trim()
+    trim = _libc("malloc_trim")
     return bool(trim(0)) if trim is not None else False
 
 
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc's malloc.h)
+MMAP_THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"  # the same, read by glibc when a process starts
+
+
+def map_large_blocks(mb: float | None) -> bool:
+    """Serve allocations of `mb` MiB or more from mappings of their own, handed back to the system
+    when freed (`run.mmap_threshold_mb`): glibc's mallopt for this process, its environment
+    variable for the processes it starts (a launched update). glibc's default raises the threshold
+    to the largest block freed so far, up to 32 MiB, so a model's activations come from the heap
+    and what a backward frees stays resident. None: nothing changed. False where there is no glibc."""
+    if mb is None:
+        return False
+    threshold = int(mb * 2**20)
+    os.environ[MMAP_THRESHOLD_ENV] = str(threshold)
+    mallopt = _libc("mallopt")
+    return bool(mallopt(M_MMAP_THRESHOLD, threshold)) if mallopt is not None else False
+
+
 @functools.cache
-def _malloc_trim():
-    """glibc's malloc_trim, or None (no C library found, or one without it: musl, macOS)."""
-    name = ctypes.util.find_library("c")
+def _libc(name: str):
+    """A function of the C library (glibc's malloc_trim, mallopt), or None: no C library found,
+    or one without it (musl, macOS)."""
+    lib = ctypes.util.find_library("c")
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
+        return getattr(ctypes.CDLL(lib), name) if lib else None
     except (OSError, AttributeError):
         return None
 

@@ -37,3 +37,30 @@ def test_release_gives_back_what_the_process_freed():
     assert memory.release()
     assert held - memory.rss_bytes() > 2**28  # given back
     del last
+
+
+MAPPED = """
+import os, sys
+from rlanything import memory
+if sys.argv[1] == "on":
+    assert memory.map_large_blocks(1 / 32)  # 32 KiB
+    assert os.environ["MALLOC_MMAP_THRESHOLD_"] == "32768"  # for the processes this one starts
+pieces = [bytearray(b"x" * 65536) for _ in range(8192)]
+last = pieces.pop()
+held = memory.rss_bytes()
+del pieces
+print(held - memory.rss_bytes())
+"""
+
+
+def test_large_blocks_mapped_apart_leave_when_freed_without_a_release():
+    """The case above in a fresh interpreter, with and without `map_large_blocks`
+    (`run.mmap_threshold_mb`) under the pieces' size: with it each 64 KiB piece has a mapping of
+    its own and freeing it gives it back; without it the heap keeps it."""
+    freed = {}
+    for mode in ("off", "on"):
+        done = subprocess.run([sys.executable, "-c", MAPPED, mode], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        freed[mode] = int(done.stdout.split()[-1])
+    assert freed["off"] < 2**28 < freed["on"], freed
+    assert not memory.map_large_blocks(None)  # None: glibc's default kept

@@ -41,6 +41,7 @@ def evaluate_split(
     inject_fault("eval", BASE_ITERATION if iteration is None else iteration, "start")
     config = load_config(config_path, overrides)
     memory.set_budget(config.run.memory_gb)
+    memory.map_large_blocks(config.run.mmap_threshold_mb)
     return play_and_judge(
         config, weights, label, run_dir, iteration, split, Path(out), rm_weights, rm_label, digests, earlier
     )
