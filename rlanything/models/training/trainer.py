@@ -287,7 +287,13 @@ def micro_batches(
 
 
 def fitted_micro_batches(
-    model, samples: list[Sample], order: list[int], size: int, training: bool, reserve: Callable[[], int] = lambda: 0
+    model,
+    samples: list[Sample],
+    order: list[int],
+    size: int,
+    training: bool,
+    reserve: Callable[[], int] = lambda: 0,
+    recut: bool = True,
 ) -> Iterator[tuple[list[int], bool]]:
     """`micro_batches`, checked again before each one -> (part, whether it is the last).
     The plan is cut from what the process holds when it is made, but what a micro-batch's
@@ -295,10 +301,11 @@ def fitted_micro_batches(
     always reuse it: measured on a text-game +RM update under 8 GiB, 7.70 GiB held against 5.85
     planned. So where what is held now plus the next part's estimate passes the budget, the
     freed memory is given back and the rest is cut again from there (`micro_batches`); where it
-    fits, nothing is given back (giving back after every backward cost 9% of the update)."""
+    fits, nothing is given back (giving back after every backward cost 9% of the update).
+    `recut` False keeps the first plan (the processes of a launch: ZeRO-3's forwards are collective)."""
     parts = micro_batches(model, samples, order, size, training, reserve())
     budget = memory.budget_bytes()
-    need = _forward_need(model, samples, training) if budget != float("inf") else None
+    need = _forward_need(model, samples, training) if recut and budget != float("inf") else None
     while parts:
         part = parts.pop(0)
         if need is not None and memory.rss_bytes() + need(part) + reserve() > budget:
@@ -365,11 +372,7 @@ def _minibatch_step(
     totals = dict.fromkeys(measures, 0.0)
     num_tokens = 0
     reserve = functools.partial(pending_bytes, model, optimizer)
-    if world == 1:
-        parts = fitted_micro_batches(model, samples, mine, micro_batch_size, True, reserve)
-    else:  # every process keeps its first plan: ZeRO-3 gathers weights in collective forwards
-        planned = micro_batches(model, samples, mine, micro_batch_size, True, reserve())
-        parts = ((part, k == len(planned) - 1) for k, part in enumerate(planned))
+    parts = fitted_micro_batches(model, samples, mine, micro_batch_size, True, reserve, recut=world == 1)
     for part, last in parts:
         micro = [samples[i] for i in part]
         weight = len(micro) * share
