@@ -128,10 +128,16 @@ class Browser:
         return process.pid if process is not None else None
 
     def pids(self) -> list[int]:
-        """ChromeDriver's pid first, then its Chromium processes (Linux /proc)."""
+        """ChromeDriver's pid first, then its Chromium processes, parents before children (Linux /proc).
+
+        Tree order, not pid order: once pids wrap around, a renderer can have a lower pid than
+        the Chromium main process that started it.
+        """
         if self.pgid is None:
             return []
-        return sorted(procs.group_members(self.pgid), key=lambda p: p != self.pgid)
+        members = set(procs.group_members(self.pgid))
+        tree = [self.pgid, *procs.descendants(self.pgid)]
+        return [p for p in tree if p in members] + sorted(members - set(tree))
 
     def run(self, fn: Callable[[Any], Any], timeout_s: float) -> Any:
         """fn(driver) under a timeout; any failure kills the browser and raises BrowserFailure."""
