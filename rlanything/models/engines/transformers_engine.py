@@ -38,7 +38,8 @@ def last_logprobs(model, ids, attn, width: int, temperature: float, cache: Dynam
     With `cache` holding the KV of the first K columns, only columns K: are fed. Only the last
     width+1 positions go through the LM head (`logits_to_keep`)."""
     start = cache.get_seq_length() if cache is not None else 0
-    past = {} if cache is None else {"cache": cache}  # wrapped models (DDP, peft) get no new kwarg
+    # no cache given: none is built either (an unread KV of every layer, as in packing.packed_logits)
+    past = {"use_cache": False} if cache is None else {"cache": cache}
     logits = model(
         input_ids=ids[:, start:],
         attention_mask=attn,
