@@ -1,14 +1,18 @@
 """TextWorld (tw-make games) and TextWorld-Express, played through the rollout loop and verified
 by replay: the walkthrough / gold path wins, wrong play loses, bad answers cost a step."""
 
+import gc
 import json
 import os
+import weakref
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("textworld", reason="textworld is not installed (pip install textworld==1.7.0)")
 
+import textworld.logic  # noqa: E402
 from scripted_policy import listed_commands, play_and_verify  # noqa: E402
 
 from rlanything.config import build_config  # noqa: E402
@@ -116,6 +120,31 @@ def test_games_are_generated_once_atomically_and_keyed_by_spec(games):
     assert game_file(config, dict(spec)) == path and path.stat().st_mtime_ns == stamp  # cached
     assert not [p for p in os.listdir(games) if ".tmp-" in p]  # no half-built folders left
     assert spec_key({**spec, "seed": 100}) != spec_key(spec)
+
+
+def test_a_reset_leaves_nothing_of_its_caller_alive(games):
+    """TextWorld's logic parser keeps the traceback of a failed match from its last parse, and with
+    it every frame of the call that loaded the game: in a rollout the engine and its model
+    (`envs.textworld.forget_parse_failure`). Without the fix the weight below outlives its
+    caller, even after a full collection: a live parser holds it, not garbage."""
+    config = tw_config(games)
+    spec = {"game": "custom", "options": SMALL, "seed": 98}
+    game_file(config, spec)  # built first: the reset below only loads it
+
+    def reset_while_holding(weight):
+        env = make_env(config)
+        try:
+            env.reset(spec)
+        finally:
+            env.close()
+
+    weight = torch.zeros(1000)
+    ref = weakref.ref(weight)
+    textworld.logic.GameLogic.parse.cache_clear()  # parsed once per process: this reset is that once
+    reset_while_holding(weight)
+    del weight
+    gc.collect()
+    assert ref() is None
 
 
 def test_bad_specs_are_refused_with_tw_makes_reason(games):
