@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlanything.environment import ALFWORLD_TASK_TYPES
-from rlanything.envs.textgame import TextGameEnv, observation, parse_json_box, tidy
+from rlanything.envs.textgame import TextGameEnv, forget_parse_failures, observation, parse_json_box, tidy
 from rlanything.seeding import slot_seed
 
 if TYPE_CHECKING:
@@ -93,7 +93,10 @@ def _start(path: Path, policy_commands: bool = False):
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 
     infos = textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=policy_commands)
-    return textworld.start(str(path), infos, wrappers=[AlfredDemangler(shuffle=False), AlfredInfos])
+    try:
+        return textworld.start(str(path), infos, wrappers=[AlfredDemangler(shuffle=False), AlfredInfos])
+    finally:
+        forget_parse_failures()  # the PDDL parsers' kept failure would hold the caller's frames
 
 
 def expert_plan(config: EnvConfig, spec: dict[str, Any]) -> list[str]:
@@ -122,6 +125,7 @@ class AlfWorldEnv(TextGameEnv):
         self.close()
         self._game = _start(path)
         state = self._game.reset()
+        forget_parse_failures()  # the reset parses the PDDL problem again
         self._goal, room = split_intro(state.feedback)
         self._commands = sorted(state.admissible_commands)
         self._won = self._done = False

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,6 +136,31 @@ def wording_name(option: str, spec: dict[str, Any]) -> str:
     if option == "varied":
         return TRAINING_WORDINGS[int(spec["seed"]) % len(TRAINING_WORDINGS)]
     return option
+
+
+# TextWorld's tatsu parsers, one per module (game logic, text grammar, and their PDDL twins)
+TATSU_PARSERS = (
+    ("textworld.logic", "_PARSER"),
+    ("textworld.textgen", "TextGrammar._PARSER"),
+    ("textworld.envs.pddl.logic", "_PARSER"),
+    ("textworld.envs.pddl.textgen", "_PARSER"),
+)
+
+
+def forget_parse_failures() -> None:
+    """Drop the failed match each of TextWorld's parsers keeps after a parse that succeeded.
+
+    A tatsu parser keeps the furthest failed token match of its last parse (`_furthest_exception`)
+    until its next parse. That exception's traceback holds every frame of the call that parsed,
+    with their locals: where a rollout loads or makes a game, the policy engine, its model and its
+    KV cache (1.37 GiB on SmolLM2), which stayed alive through the iteration's later steps.
+    Called after every game TextWorld or ALFWorld starts; parsers not imported are skipped."""
+    for module, attr in TATSU_PARSERS:
+        parser = sys.modules.get(module)
+        for name in attr.split("."):
+            parser = getattr(parser, name, None)
+        if getattr(parser, "_furthest_exception", None) is not None:
+            parser._furthest_exception = None
 
 
 def normalize(command: str) -> str:

@@ -58,13 +58,13 @@ from typing import TYPE_CHECKING, Any
 
 import textworld
 import textworld.challenges
-import textworld.logic
 from textworld.generator import compile_game
 
 from rlanything.envs.base import StepLabel
 from rlanything.envs.textgame import (
     WORDINGS,
     TextGameEnv,
+    forget_parse_failures,
     observation,
     parse_json_box,
     resolve_command,
@@ -237,20 +237,7 @@ def start_game(path: Path, infos: textworld.EnvInfos = INFOS):
             warnings.filterwarnings("ignore", message=r"Game '.*' is not fully supported")
             return textworld.start(str(path), infos)
     finally:
-        forget_parse_failure()
-
-
-def forget_parse_failure() -> None:
-    """Drop the failed match TextWorld's logic parser keeps after a successful parse.
-
-    TextWorld parses a game's logic with one module-wide tatsu parser (`textworld.logic._PARSER`),
-    which keeps the furthest failed token match of its last parse until its next one. That
-    exception's traceback holds every frame of the call that loaded the game: in a rollout the
-    policy engine, its model and KV cache, 1.37 GiB on SmolLM2 that stayed alive through the
-    following steps of the iteration (measured in the flow process)."""
-    parser = getattr(textworld.logic, "_PARSER", None)
-    if getattr(parser, "_furthest_exception", None) is not None:
-        parser._furthest_exception = None
+        forget_parse_failures()  # also the generator's, where this game was just made
 
 
 def _check_walkthrough(path: Path) -> list[str]:

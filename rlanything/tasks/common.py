@@ -43,8 +43,9 @@ def step_cache_key(context, parameters: dict[str, Any]) -> str:
 
 def step_task(name: str) -> Callable:
     """Decorate a step `fn(run_dir, iteration) -> (paths, metrics)` as a Prefect task that
-    logs its files to MLflow under iter_NNNN/ and reports its wall time and its peak resident
-    memory (`memory.peak_gb`: the step's own, where Linux lets the counter be reset)."""
+    logs its files to MLflow under iter_NNNN/ and reports its wall time, its peak resident
+    memory (`memory.peak_gb`: the step's own, where Linux lets the counter be reset) and what
+    the process held when it began (`memory/<step>_start_rss_gb`: the flow's own baseline)."""
 
     def wrap(fn: Callable[[str, int], tuple[list[Path], dict[str, float]]]):
         @functools.wraps(fn)
@@ -52,7 +53,7 @@ def step_task(name: str) -> Callable:
         def run(run_dir: str, iteration: int) -> dict[str, Any]:
             stopping.check()  # a stop that came between two steps starts none
             memory.release()  # what earlier steps freed: this step's peak starts from what is held
-            start, own_peak = time.perf_counter(), memory.reset_peak()
+            held, start, own_peak = memory.rss_bytes(), time.perf_counter(), memory.reset_peak()
             inject_fault(name, iteration, "start")
             paths, metrics = fn(run_dir, iteration)
             inject_fault(name, iteration, "end")
@@ -63,6 +64,7 @@ def step_task(name: str) -> Callable:
             metrics[f"memory/{name}_peak_rss_gb" if own_peak else f"memory/{name}_process_peak_rss_gb"] = (
                 memory.peak_gb()
             )
+            metrics[f"memory/{name}_start_rss_gb"] = held / 2**30  # what the process held before it
             return {"paths": [str(p) for p in paths], "metrics": metrics}
 
         return task(name=name, persist_result=True, cache_policy=CacheKeyFnPolicy(cache_key_fn=step_cache_key))(run)

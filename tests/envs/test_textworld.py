@@ -4,6 +4,7 @@ by replay: the walkthrough / gold path wins, wrong play loses, bad answers cost 
 import gc
 import json
 import os
+import shutil
 import weakref
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 
 pytest.importorskip("textworld", reason="textworld is not installed (pip install textworld==1.7.0)")
 
+import textworld.generator.text_grammar  # noqa: E402
 import textworld.logic  # noqa: E402
 from scripted_policy import listed_commands, play_and_verify  # noqa: E402
 
@@ -122,14 +124,18 @@ def test_games_are_generated_once_atomically_and_keyed_by_spec(games):
     assert spec_key({**spec, "seed": 100}) != spec_key(spec)
 
 
-def test_a_reset_leaves_nothing_of_its_caller_alive(games):
-    """TextWorld's logic parser keeps the traceback of a failed match from its last parse, and with
-    it every frame of the call that loaded the game: in a rollout the engine and its model
-    (`envs.textworld.forget_parse_failure`). Without the fix the weight below outlives its
-    caller, even after a full collection: a live parser holds it, not garbage."""
+@pytest.mark.parametrize("game", ["built", "made in the reset"])
+def test_a_reset_leaves_nothing_of_its_caller_alive(games, game):
+    """TextWorld's parsers keep the traceback of a failed match from their last parse, and with it
+    every frame of the call that loaded or made the game: in a rollout the engine and its model
+    (`envs.textgame.forget_parse_failures`). Without it the weight below outlives its caller,
+    even after a full collection: live parsers hold it, not garbage."""
     config = tw_config(games)
-    spec = {"game": "custom", "options": SMALL, "seed": 98}
-    game_file(config, spec)  # built first: the reset below only loads it
+    spec = {"game": "custom", "options": SMALL, "seed": 98 if game == "built" else 97}
+    if game == "built":
+        game_file(config, spec)  # the reset below only loads it (the game logic's parser)
+    else:
+        shutil.rmtree(game_file(config, spec).parent)  # the reset makes it (the text grammar's too)
 
     def reset_while_holding(weight):
         env = make_env(config)
@@ -140,7 +146,9 @@ def test_a_reset_leaves_nothing_of_its_caller_alive(games):
 
     weight = torch.zeros(1000)
     ref = weakref.ref(weight)
-    textworld.logic.GameLogic.parse.cache_clear()  # parsed once per process: this reset is that once
+    # each parsed once per process: this reset is that once
+    textworld.logic.GameLogic.parse.cache_clear()
+    textworld.generator.text_grammar.Grammar._cache.clear()
     reset_while_holding(weight)
     del weight
     gc.collect()
