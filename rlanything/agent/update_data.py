@@ -82,6 +82,7 @@ def update_job(
         tis_cap=config.algo.tis_cap if recompute else None,
         anchor=str(model_path(config, layout, kind, 0).resolve()) if optim.anchor_beta else None,
         anchor_beta=optim.anchor_beta,
+        gradient_checkpointing=optim.gradient_checkpointing,
         lora=section.lora.model_dump(),
         lr=optim.lr,
         weight_decay=optim.weight_decay,

@@ -33,6 +33,7 @@ from __future__ import annotations
 FLOAT = 4  # bytes of an activation, counted as fp32
 AUTOCAST_BYTES_PER_PARAM = 3.2  # a bf16 training forward's weight copies and gradients (module docstring)
 AUTOCAST_SCORING_BYTES_PER_PARAM = 2.5  # a bf16 forward without gradient: the weights' bf16 copies
+CHECKPOINT_LAYERS_HELD = 8  # layers' intermediates a checkpointed backward holds at once (measured 5-7)
 
 
 def kv_bytes_per_token(config, element_size: int) -> int:
@@ -42,15 +43,22 @@ def kv_bytes_per_token(config, element_size: int) -> int:
     return 2 * config.num_hidden_layers * heads * dim * element_size
 
 
-def activation_bytes_per_token(config, training: bool, autocast: bool = False) -> int:
+def activation_bytes_per_token(config, training: bool, autocast: bool = False, checkpointed: bool = False) -> int:
     """Activations one token holds in a forward: all layers' kept for the backward (training, in
-    fp32 or under bf16 `autocast`), or one layer's at a time (inference). SmolLM2-135M (H 576,
-    I 1536, 30 layers): 2,004,480 bytes training in fp32, 1,290,240 under autocast, 29,952
-    inference."""
+    fp32 or under bf16 `autocast`), or one layer's at a time (inference). With the layers
+    `checkpointed` (`optim.gradient_checkpointing`) a training token keeps each layer's input (H
+    floats) and what the backward holds while it recomputes, counted as `CHECKPOINT_LAYERS_HELD`
+    layers' fp32 intermediates (measured on the budget test's 32-layer model, H 128: 5-7 layers'
+    worth in fp32, more under autocast). SmolLM2-135M (H 576, I 1536, 30 layers): 2,004,480
+    bytes training in fp32, 1,290,240 under autocast, 603,648 checkpointed, 29,952 inference."""
     h, i = config.hidden_size, config.intermediate_size
     if training:
         kept = 8 * h + 4 * i if autocast else 13 * h + 6 * i
-        return config.num_hidden_layers * kept * FLOAT
+        every_layer = config.num_hidden_layers * kept * FLOAT
+        if checkpointed:  # fp32's count whatever the autocast: the recompute held more under it
+            held = CHECKPOINT_LAYERS_HELD * (13 * h + 6 * i)
+            return min(every_layer, (config.num_hidden_layers * h + held) * FLOAT)
+        return every_layer
     return (5 * h + 3 * i) * FLOAT
 
 
@@ -60,15 +68,18 @@ def logits_bytes(config, positions: int, training: bool) -> int:
     return positions * config.vocab_size * FLOAT * (5 if training else 4)
 
 
-def forward_bytes(config, rows: int, width: int, kept: int, training: bool, autocast_params: int = 0) -> int:
+def forward_bytes(
+    config, rows: int, width: int, kept: int, training: bool, autocast_params: int = 0, checkpointed: bool = False
+) -> int:
     """A forward over `rows` rows of `width` tokens (left-padded batch or packed prefix trees,
     with their (rows, width, width) mask) whose logits are kept at `kept` positions in all;
     `autocast_params`: the model's parameters when it runs under bf16 autocast (its weight
     copies, `AUTOCAST_BYTES_PER_PARAM` training, `AUTOCAST_SCORING_BYTES_PER_PARAM` scoring), 0 in
-    fp32 or in an engine (whose weights are already in the precision it runs)."""
+    fp32 or in an engine (whose weights are already in the precision it runs); `checkpointed`:
+    the layers recompute in the backward (`activation_bytes_per_token`)."""
     tokens = rows * width
     mask = rows * width * width * FLOAT
-    activations = tokens * activation_bytes_per_token(config, training, autocast=autocast_params > 0)
+    activations = tokens * activation_bytes_per_token(config, training, autocast_params > 0, checkpointed)
     per_param = AUTOCAST_BYTES_PER_PARAM if training else AUTOCAST_SCORING_BYTES_PER_PARAM
     copies = int(per_param * autocast_params)
     return activations + mask + logits_bytes(config, kept, training) + copies

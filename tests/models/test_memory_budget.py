@@ -171,6 +171,7 @@ import contextlib, json, torch
 from rlanything import memory
 from rlanything.models.footprint import forward_bytes
 from rlanything.models.training.packing import pack, packed_response_logprobs
+from rlanything.models.training.trainer import checkpoint_layers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 torch.manual_seed(0)
@@ -180,7 +181,11 @@ model = LlamaForCausalLM(config).train()
 params = sum(p.numel() for p in model.parameters())
 g = torch.Generator().manual_seed(0)
 
-def micro_batch(bf16, training, rows, prompt, response):
+def micro_batch(bf16, training, rows, prompt, response, checkpointed=False):
+    if checkpointed:
+        checkpoint_layers(model)
+    else:
+        model.activation_checkpointing_disable()
     seqs = [torch.randint(5, 4000, (prompt + response,), generator=g).tolist() for _ in range(rows)]
     with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
         with contextlib.nullcontext() if training else torch.no_grad():
@@ -189,20 +194,23 @@ def micro_batch(bf16, training, rows, prompt, response):
             (logprobs * mask).sum().backward()
     trees, _ = pack(seqs)
     width = max(len(tree.tokens) for tree in trees)
-    return forward_bytes(config, len(trees), width, rows * response, training, params if bf16 else 0)
+    return forward_bytes(config, len(trees), width, rows * response, training, params if bf16 else 0, checkpointed)
 
 out = []
 for bf16 in (False, True):
     micro_batch(bf16, True, 1, 8, 8)  # code mapped, gradients allocated: what a later micro-batch finds
     # the update's micro-batches, and the scoring of its old log-probs (one long row: where a KV
     # cache nobody reads, 32 KiB a token here, would dwarf the activations)
-    for training, shape in [(True, (8, 200, 100)), (True, (16, 50, 150)), (False, (1, 4000, 100))]:
+    # and the update's with its layers recomputed in the backward (optim.gradient_checkpointing)
+    cases = [(True, (8, 200, 100), False), (True, (16, 50, 150), False), (False, (1, 4000, 100), False),
+             (True, (8, 200, 100), True), (True, (2, 2000, 100), True)]
+    for training, shape, checkpointed in cases:
         memory.release()
         before = memory.rss_bytes()
         memory.reset_peak()
-        estimate = micro_batch(bf16, training, *shape)
-        out.append({"bf16": bf16, "training": training, "shape": shape, "estimate": estimate / 2**30,
-                    "measured": memory.peak_gb() - before / 2**30})
+        estimate = micro_batch(bf16, training, *shape, checkpointed)
+        out.append({"bf16": bf16, "training": training, "shape": shape, "checkpointed": checkpointed,
+                    "estimate": estimate / 2**30, "measured": memory.peak_gb() - before / 2**30})
 print(json.dumps(out))
 """
 
@@ -212,7 +220,8 @@ def test_a_training_micro_batch_is_estimated_from_above_within_the_margin():
     micro-batch's forward and backward add to the process, on a deep narrow model where the kept
     activations are most of it (32 layers, H 128), in fp32 and under bf16 autocast, and what the
     scoring of one long row adds: the estimate may fall short by at most half the budget's margin
-    (0.125 GiB), and is not wasteful (< 1.5x). The count before (8H + 4I values a layer kept in
+    (0.125 GiB), and is not wasteful (< 1.5x; < 2x with the layers checkpointed,
+    `optim.gradient_checkpointing`). The count before (8H + 4I values a layer kept in
     fp32) was 0.65 of today's and fell short by ~0.4 GiB here; the scoring forward, while it built
     a KV cache nobody read, measured 0.28 GiB in fp32 against its 0.10 estimate."""
     done = subprocess.run([sys.executable, "-c", ESTIMATE], capture_output=True, text=True, timeout=600)
@@ -220,7 +229,8 @@ def test_a_training_micro_batch_is_estimated_from_above_within_the_margin():
     for case in json.loads(done.stdout.strip().splitlines()[-1]):
         print(case)
         assert case["estimate"] >= case["measured"] - MARGIN_GB / 2, case
-        assert case["estimate"] < 1.5 * case["measured"], case
+        # a checkpointed backward's holding varied most between runs (0.48-0.65 GiB, one shape)
+        assert case["estimate"] < (2.0 if case["checkpointed"] else 1.5) * case["measured"], case
 
 
 def test_a_micro_batch_is_cut_again_from_what_the_process_holds_when_its_turn_comes(tiny_model_path, monkeypatch):

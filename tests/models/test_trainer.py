@@ -10,7 +10,15 @@ from rlanything.models.engines.transformers_engine import TransformersEngine, re
 from rlanything.models.loading import load_model
 from rlanything.models.prompts import policy_messages, render
 from rlanything.models.training.saving import OPTIMIZER_STATE, save_checkpoint
-from rlanything.models.training.trainer import Sample, make_optimizer, ppo_update
+from rlanything.models.training.trainer import (
+    Sample,
+    _forward_need,
+    autocast_for,
+    checkpoint_layers,
+    layers_checkpointed,
+    make_optimizer,
+    ppo_update,
+)
 
 
 def batch(model_path, tokenizer):
@@ -94,6 +102,43 @@ def test_micro_batching_does_not_change_the_gradient(tiny_model_path, tiny_token
         model, samples = batch(tiny_model_path, tiny_tokenizer)
         grads.append(one_step_gradient(model, samples, tiny_tokenizer.pad_token_id, micro)[0])
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_checkpointed_layers_give_the_same_gradient_and_the_planner_counts_less(
+    tiny_model_path, tiny_tokenizer, precision
+):
+    """`optim.gradient_checkpointing`: each layer recomputed in the backward, the same gradient
+    and loss (to float rounding); the micro-batch planner counts no more activations (fewer on
+    a deep model: tests/models/test_memory_budget.py measures them)."""
+    runs = []
+    for checkpointed in (False, True):
+        model, samples = batch(tiny_model_path, tiny_tokenizer)
+        if checkpointed:
+            checkpoint_layers(model)
+        assert layers_checkpointed(model) == checkpointed
+        with autocast_for(model, precision):
+            need = _forward_need(model, samples, training=True)([0, 1, 2, 3])
+        history = ppo_update(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.0),
+            samples,
+            pad_id=tiny_tokenizer.pad_token_id,
+            temperature=1.0,
+            clip_eps=0.2,
+            kl_beta=0.01,
+            grad_clip=1e9,
+            updates=1,
+            micro_batch_size=4,
+            seed=0,
+            precision=precision,
+        )
+        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        runs.append((grad, history[0]["loss"], need))
+    (plain, plain_loss, plain_need), (ckpt, ckpt_loss, ckpt_need) = runs
+    assert plain.abs().sum() > 0 and torch.allclose(plain, ckpt, atol=1e-6, rtol=1e-4)
+    assert plain_loss == pytest.approx(ckpt_loss, rel=1e-5)
+    assert ckpt_need <= plain_need  # equal here: 2 layers hold no more than they keep
 
 
 def test_a_sample_trains_only_its_chosen_tokens(tiny_model_path, tiny_tokenizer):

@@ -54,6 +54,7 @@ from rlanything.models.training.trainer import (
     Sample,
     TorchBackend,
     autocast_for,
+    checkpoint_layers,
     make_optimizer,
     ppo_update,
     with_anchor_logprobs,
@@ -91,6 +92,7 @@ class UpdateJob:
     tis_cap: float | None = None  # truncated importance sampling against the sampler (algo.tis_cap)
     anchor: str | None = None  # the run's starting weights, for the anchor KL (optim.anchor_beta)
     anchor_beta: float = 0.0
+    gradient_checkpointing: bool = False  # optim.gradient_checkpointing
     memory_gb: float | None = None  # run.memory_gb: the budget of each process of a launched update
     # "bf16": a bf16 sampler ran the start weights; round them to it first (precision.round_to_bf16_)
     round_start_to: str | None = None
@@ -201,6 +203,8 @@ def run_update(
     model, tokenizer = load_for_training(Path(job.start), base, _lora(job), seed=job.seed)
     if job.round_start_to == "bf16":
         round_to_bf16_(model)
+    if job.gradient_checkpointing:
+        checkpoint_layers(model)
     device = resolve_device(job.device) if backend == "torch" else _process_device()
     # before accelerate (a ZeRO-3 Accelerator would partition a model loaded after it)
     samples = _anchored(job, model, samples, tokenizer.pad_token_id, device)

@@ -108,6 +108,18 @@ class TorchBackend:
         return list(values)
 
 
+def checkpoint_layers(model) -> None:
+    """Recompute each decoder layer in the backward instead of keeping its activations
+    (`optim.gradient_checkpointing`; transformers' activation checkpointing, non-reentrant, so
+    autocast and a frozen LoRA base need nothing more)."""
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+
+
+def layers_checkpointed(model) -> bool:
+    """Whether `checkpoint_layers` applies to `model` (also wrapped: DDP, DeepSpeed, peft)."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+
+
 def make_optimizer(model, lr: float, weight_decay: float, state_path: Path | None = None) -> torch.optim.AdamW:
     """AdamW over the trainable weights (all, or LoRA adapters only), resuming its moments
     from `state_path` when that file exists (a checkpoint's `storage.checkpoints.OPTIMIZER_STATE`)."""
@@ -322,12 +334,13 @@ def _forward_need(model, samples: list[Sample], training: bool) -> Callable[[lis
     device = next(model.parameters()).device.type
     # under bf16 autocast a forward holds bf16 copies of the weights (footprint)
     params = sum(p.numel() for p in model.parameters()) if torch.is_autocast_enabled(device) else 0
+    checkpointed = training and layers_checkpointed(model)
 
     def need(part: list[int]) -> int:
         trees, _ = pack([samples[i].input_ids for i in part])
         width = max(len(tree.tokens) for tree in trees)
         kept = sum(samples[i].response_len for i in part)
-        return forward_bytes(config, len(trees), width, kept, training, autocast_params=params)
+        return forward_bytes(config, len(trees), width, kept, training, params, checkpointed)
 
     return need
 
