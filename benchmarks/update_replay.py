@@ -2,7 +2,8 @@
 its time goes.
 
     python -m benchmarks.update_replay RUN_DIR [--iteration 0] [--kind policy|rm]
-        [--precision fp32,bf16] [--attention tree] [--repeats 2] [--micro N] [--memory-gb G] [--mmap-threshold-mb M] [--profile]
+        [--precision fp32,bf16] [--attention tree] [--repeats 2] [--micro N] [--memory-gb G] [--mmap-threshold-mb M]
+        [--checkpointing on|off] [--profile]
 
 Takes the samples the update of `kind` trained on in that iteration (`agent.rm_roles.update_samples`:
 its kept rollout steps or judgments, as the step reads them) and the weights it started from,
@@ -14,7 +15,7 @@ the packed rows' attention as well: `tree` as shipped (`tree_attention`, each sh
 once per branch, for rows of TREE_MIN_NODES or more), `mask` every row over its (N, N)
 ancestor mask (the path before tree attention). The run's own settings otherwise;
 `--micro` overrides the micro-batch size, `--memory-gb` the run's `run.memory_gb`, `--mmap-threshold-mb` its
-`run.mmap_threshold_mb`. Prints each
+`run.mmap_threshold_mb`, `--checkpointing` its `optim.gradient_checkpointing`. Prints each
 run's seconds and peak resident memory (`memory.peak_gb`, the counter reset before each), the
 fastest per precision and the ratio. `--profile`: one more run per precision under torch's profiler, its self time
 grouped into PARTS (the profiler's own cost inflates the total a little). On a CPU without bf16
@@ -89,6 +90,7 @@ def main() -> None:
     parser.add_argument("--micro", type=int, default=None, help="micro-batch size (default: the run's)")
     parser.add_argument("--memory-gb", type=float, default=None, help="the budget (default: the run's)")
     parser.add_argument("--mmap-threshold-mb", type=float, default=None, help="(default: the run's)")
+    parser.add_argument("--checkpointing", choices=["on", "off"], default=None, help="(default: the run's)")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     config, layout = load_config(args.run_dir / "config.yaml"), RunLayout(args.run_dir)
@@ -101,6 +103,8 @@ def main() -> None:
         sys.exit(f"the update's start weights {job.start} are gone (run.keep_checkpoints): replay iteration 0")
     if args.micro:
         job = replace(job, micro_batch_size=args.micro)
+    if args.checkpointing is not None:
+        job = replace(job, gradient_checkpointing=args.checkpointing == "on")
     memory.set_budget(args.memory_gb or config.run.memory_gb)  # as the step sets them
     memory.map_large_blocks(args.mmap_threshold_mb or config.run.mmap_threshold_mb)
     header(f"{args.kind} update of {args.run_dir.name} iteration {args.iteration} replayed")
