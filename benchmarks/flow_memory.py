@@ -80,8 +80,8 @@ def main() -> None:
     out = open(sys.argv[1], "a")  # noqa: SIM115 (open for the whole run)
     release, peak_gb = memory.release, memory.peak_gb
 
-    def release_and_note() -> bool:
-        done = release()
+    def release_and_note(collect: bool = False) -> bool:
+        done = release(collect)
         if from_step_wrapper():
             snapshot(out, "start")
         return done

@@ -52,7 +52,7 @@ def freeze_imports() -> int:
     """Once per process, when a run opens: move what the process holds then (the imported
     libraries, ~630,000 objects with torch, transformers, Prefect and MLflow) out of the
     garbage collector's sight (`gc.freeze`), so that a full collection (`release`) takes
-    milliseconds instead of ~0.5 s -> the objects frozen (0 on later calls). What is frozen is
+    milliseconds instead of ~0.5 s (`release(collect=True)`) -> the objects frozen (0 on later calls). What is frozen is
     never collected; imported modules live as long as the process anyway."""
     if gc.get_freeze_count():
         return 0
@@ -66,17 +66,20 @@ def budget_bytes() -> float:
     return _budget[0]
 
 
-def release() -> bool:
+def release(collect: bool = False) -> bool:
     """Give the memory this process freed back to the system (glibc's `malloc_trim(0)`): freed
     tensors stay in the allocator's arenas, counted in the resident memory, until then. Measured
     on SmolLM2: after three turns of 32 rollouts and the engine deleted, 3.09 GiB resident, 0.43
     GiB after the trim. False where there is no glibc (nothing to do).
 
-    A full garbage collection comes first: a caught exception's traceback, in a reference cycle,
-    holds every frame of the call that raised it, with their locals (a parser's backtracking
-    inside an environment's reset holds the rollout's engine and model), and Python frees such
-    cycles only at its rare full collections. After `freeze_imports` one costs milliseconds."""
-    gc.collect()
+    With `collect` (between steps) a full garbage collection comes first: a caught exception's
+    traceback, in a reference cycle, holds every frame of the call that raised it, with their
+    locals (a parser's backtracking inside an environment's reset holds the rollout's engine and
+    model), and Python frees such cycles only at its rare full collections. After
+    `freeze_imports` one costs ~10 ms in a run's process; the engines' frequent releases (each
+    budget query, each decoding rebuild) do not collect."""
+    if collect:
+        gc.collect()
     trim = _libc("malloc_trim")
     return bool(trim(0)) if trim is not None else False
 

@@ -179,7 +179,7 @@ def progress_rows(
         answer_fallback=config.env.answer_fallback,
     )
     del engine
-    memory.release()
+    memory.release(collect=True)
     value = dict(zip(states, values.tolist()))
     traj, step = picked.traj_id.to_numpy(), picked.step_idx.to_numpy()
     gain = progress_targets(traj, step, value, ends)
