@@ -72,12 +72,11 @@ def release(collect: bool = False) -> bool:
     on SmolLM2: after three turns of 32 rollouts and the engine deleted, 3.09 GiB resident, 0.43
     GiB after the trim. False where there is no glibc (nothing to do).
 
-    With `collect` (between steps) a full garbage collection comes first: a caught exception's
-    traceback, in a reference cycle, holds every frame of the call that raised it, with their
-    locals (a parser's backtracking inside an environment's reset holds the rollout's engine and
-    model), and Python frees such cycles only at its rare full collections. After
-    `freeze_imports` one costs ~10 ms in a run's process; the engines' frequent releases (each
-    budget query, each decoding rebuild) do not collect."""
+    With `collect` (after a branching engine is deleted) a full garbage collection comes first: a
+    caught exception's traceback, in a reference cycle, holds every frame of the call that raised
+    it, with their locals, until a full collection. After `freeze_imports` Python's own full
+    collections come often and cost ~10 ms in a run's process. Not between steps: in a process
+    that is not frozen afresh (the test suite's) each costs seconds, and it doubled the suite."""
     if collect:
         gc.collect()
     trim = _libc("malloc_trim")

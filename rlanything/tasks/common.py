@@ -52,7 +52,7 @@ def step_task(name: str) -> Callable:
         @noting_stops
         def run(run_dir: str, iteration: int) -> dict[str, Any]:
             stopping.check()  # a stop that came between two steps starts none
-            memory.release(collect=True)  # what earlier steps freed: this step's peak starts from what is held
+            memory.release()  # what earlier steps freed: this step's peak starts from what is held
             held, start, own_peak = memory.rss_bytes(), time.perf_counter(), memory.reset_peak()
             inject_fault(name, iteration, "start")
             paths, metrics = fn(run_dir, iteration)
