@@ -70,7 +70,9 @@ def test_multi_step_rows_and_per_step_judgments(run):
         assert metrics["tokens/rm_prompt"] == judgments.prompt_ids.map(len).sum()
         assert all(0.05 < metrics[f"memory/{step}_peak_rss_gb"] < 24 for step in ("rollout", "rm_score", "rm_update"))
         assert all(
-            0.05 < metrics[f"memory/{s}_start_rss_gb"] <= metrics[f"memory/{s}_peak_rss_gb"]
+            0.05
+            < metrics[f"memory/{s}_start_rss_gb"]
+            < metrics[f"memory/{s}_peak_rss_gb"] + 0.1  # taken before the reset
             for s in ("rollout", "verify")
         )
         # verify labelled every judged step (TextWorld's rule); advantages scored the RM on them
