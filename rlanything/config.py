@@ -183,9 +183,9 @@ class OptimConfig(_Section):
     GRPO's reference-model KL: docs/method.md)."""
     gradient_checkpointing: bool = False
     """Keep only each decoder layer's input for the backward and recompute the rest of the layer
-    there (transformers' `gradient_checkpointing_enable`, non-reentrant): a training token holds
-    ~1/10 of the activations (SmolLM2: 112 KB against 1.29 MB under bf16 autocast), at the cost
-    of a second forward of every layer. The same gradients (to float rounding); the micro-batch
+    there (transformers' activation checkpointing, non-reentrant): a training token is counted at
+    ~1/2 of the activations under bf16 autocast (SmolLM2: 604 KB against 1.29 MB;
+    `footprint.activation_bytes_per_token`), at the cost of a second forward of every layer. The same gradients (to float rounding); the micro-batch
     planner counts the smaller activations, so more fits under `run.memory_gb`."""
     frozen: bool = False
     """Skip the update: the step trains on no sample and writes the unchanged weights as the

@@ -51,9 +51,10 @@ def set_budget(gb: float | None) -> float:
 def freeze_imports() -> int:
     """Once per process, when a run opens: move what the process holds then (the imported
     libraries, ~630,000 objects with torch, transformers, Prefect and MLflow) out of the
-    garbage collector's sight (`gc.freeze`), so that a full collection (`release`) takes
-    milliseconds instead of ~0.5 s (`release(collect=True)`) -> the objects frozen (0 on later calls). What is frozen is
-    never collected; imported modules live as long as the process anyway."""
+    garbage collector's sight (`gc.freeze`), so that a full collection (Python's own, or
+    `release(collect=True)`) takes milliseconds instead of ~0.5 s -> the objects frozen (0 on
+    later calls). What is frozen is never collected; imported modules live as long as the
+    process anyway."""
     if gc.get_freeze_count():
         return 0
     gc.collect()
@@ -76,7 +77,7 @@ def release(collect: bool = False) -> bool:
     caught exception's traceback, in a reference cycle, holds every frame of the call that raised
     it, with their locals, until a full collection. After `freeze_imports` Python's own full
     collections come often and cost ~10 ms in a run's process. Not between steps: in a process
-    that is not frozen afresh (the test suite's) each costs seconds, and it doubled the suite."""
+    that is not frozen afresh (the test suite's) each costs far more, and the suite slowed."""
     if collect:
         gc.collect()
     trim = _libc("malloc_trim")

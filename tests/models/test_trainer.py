@@ -78,7 +78,7 @@ def test_update_raises_positive_and_lowers_negative_advantage_responses(tiny_mod
     assert delta[0] > 0 and delta[2] > 0 and delta[1] < 0 and delta[3] < 0, delta
 
 
-def one_step_gradient(model, samples, pad_id: int, micro: int) -> tuple[torch.Tensor, dict]:
+def one_step_gradient(model, samples, pad_id: int, micro: int, precision: str = "fp32") -> tuple[torch.Tensor, dict]:
     """The gradient of one optimizer step over all `samples` (weights kept) and its stats."""
     history = ppo_update(
         model,
@@ -92,6 +92,7 @@ def one_step_gradient(model, samples, pad_id: int, micro: int) -> tuple[torch.Te
         updates=1,
         micro_batch_size=micro,
         seed=0,
+        precision=precision,
     )
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), history[0]
 
@@ -119,22 +120,8 @@ def test_checkpointed_layers_give_the_same_gradient_and_the_planner_counts_less(
         assert layers_checkpointed(model) == checkpointed
         with autocast_for(model, precision):
             need = _forward_need(model, samples, training=True)([0, 1, 2, 3])
-        history = ppo_update(
-            model,
-            torch.optim.SGD(model.parameters(), lr=0.0),
-            samples,
-            pad_id=tiny_tokenizer.pad_token_id,
-            temperature=1.0,
-            clip_eps=0.2,
-            kl_beta=0.01,
-            grad_clip=1e9,
-            updates=1,
-            micro_batch_size=4,
-            seed=0,
-            precision=precision,
-        )
-        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-        runs.append((grad, history[0]["loss"], need))
+        grad, stats = one_step_gradient(model, samples, tiny_tokenizer.pad_token_id, 4, precision)
+        runs.append((grad, stats["loss"], need))
     (plain, plain_loss, plain_need), (ckpt, ckpt_loss, ckpt_need) = runs
     assert plain.abs().sum() > 0 and torch.allclose(plain, ckpt, atol=1e-6, rtol=1e-4)
     assert plain_loss == pytest.approx(ckpt_loss, rel=1e-5)
