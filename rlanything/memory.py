@@ -48,20 +48,6 @@ def set_budget(gb: float | None) -> float:
     return _budget[0]
 
 
-def freeze_imports() -> int:
-    """Once per process, when a run opens: move what the process holds then (the imported
-    libraries, ~630,000 objects with torch, transformers, Prefect and MLflow) out of the
-    garbage collector's sight (`gc.freeze`), so that a full collection (Python's own, or
-    `release(collect=True)`) takes milliseconds instead of ~0.5 s -> the objects frozen (0 on
-    later calls). What is frozen is never collected; imported modules live as long as the
-    process anyway."""
-    if gc.get_freeze_count():
-        return 0
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
-
-
 def budget_bytes() -> float:
     """The process's budget in bytes; inf where none was set (library use outside a run)."""
     return _budget[0]
@@ -75,9 +61,10 @@ def release(collect: bool = False) -> bool:
 
     With `collect` (after a branching engine is deleted) a full garbage collection comes first: a
     caught exception's traceback, in a reference cycle, holds every frame of the call that raised
-    it, with their locals, until a full collection. After `freeze_imports` Python's own full
-    collections come often and cost ~10 ms in a run's process. Not between steps: in a process
-    that is not frozen afresh (the test suite's) each costs far more, and the suite slowed."""
+    it, with their locals, until a full collection, which Python runs rarely in a process with
+    torch imported (~0.5 s each). Not at every release: the imports are not frozen
+    (`gc.freeze`) to make it cheap, because freezing at a run's start slowed in-process flows
+    (the suite's tests/flows/test_learning.py: 70 s without, 111-125 s with)."""
     if collect:
         gc.collect()
     trim = _libc("malloc_trim")

@@ -40,10 +40,9 @@ def test_release_gives_back_what_the_process_freed():
 
 
 CYCLES = """
-import gc, time, weakref
+import gc, weakref
 import torch
 from rlanything import memory
-assert memory.freeze_imports() > 10_000 and memory.freeze_imports() == 0  # once per process
 gc.disable()  # only the release below may collect
 
 def work():
@@ -56,22 +55,19 @@ def work():
 
 ref = work()
 assert ref() is not None  # garbage, held by the cycle
-started = time.perf_counter()
 memory.release()
 assert ref() is not None  # the engines' releases only trim
 memory.release(collect=True)
 assert ref() is None, "release left the cycle's frame alive"
-print(time.perf_counter() - started)
 """
 
 
-def test_release_frees_what_a_caught_errors_frames_held_and_frozen_imports_make_it_cheap():
+def test_release_with_collect_frees_what_a_caught_errors_frames_held():
     """A caught error kept in a variable is a cycle through the frame that raised it, so its
     locals (here a tensor; in a rollout the engine) outlive it until a full collection, which
-    `release` runs. With the imports frozen (`freeze_imports`, once) it takes milliseconds."""
+    `release(collect=True)` runs."""
     done = subprocess.run([sys.executable, "-c", CYCLES], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert float(done.stdout) < 0.1
 
 
 MAPPED = """

@@ -18,11 +18,9 @@ from rlanything.storage.layout import RunLayout
 
 def open_run(run_dir: str) -> tuple[Config, RunLayout]:
     """The run's config and layout; the process takes the run's memory budget (`run.memory_gb`,
-    `run.mmap_threshold_mb`), and its imports leave the garbage collector's sight
-    (`memory.freeze_imports`)."""
+    `run.mmap_threshold_mb`)."""
     layout = RunLayout(Path(run_dir))
     config = load_config(layout.config)
-    memory.freeze_imports()
     memory.set_budget(config.run.memory_gb)
     memory.map_large_blocks(config.run.mmap_threshold_mb)
     return config, layout
