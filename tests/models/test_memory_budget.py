@@ -203,7 +203,7 @@ for bf16 in (False, True):
     # cache nobody reads, 32 KiB a token here, would dwarf the activations)
     # and the update's with its layers recomputed in the backward (optim.gradient_checkpointing)
     cases = [(True, (8, 200, 100), False), (True, (16, 50, 150), False), (False, (1, 4000, 100), False),
-             (True, (8, 200, 100), True), (True, (2, 2000, 100), True)]
+             (True, (8, 200, 100), True), (True, (2, 1000, 100), True)]
     for training, shape, checkpointed in cases:
         memory.release()
         before = memory.rss_bytes()
@@ -229,7 +229,8 @@ def test_a_training_micro_batch_is_estimated_from_above_within_the_margin():
     for case in json.loads(done.stdout.strip().splitlines()[-1]):
         print(case)
         assert case["estimate"] >= case["measured"] - MARGIN_GB / 2, case
-        # a checkpointed backward's holding varied most between runs (0.48-0.65 GiB, one shape)
+        # a checkpointed backward's holding varied most between runs: 0.37-0.60 GiB for one (2, 2000,
+        # 100) case, whose bf16 estimate was 0.73 (it cost ~30 s a precision; (2, 1000, 100) ~10 s)
         assert case["estimate"] < (2.0 if case["checkpointed"] else 1.5) * case["measured"], case
 
 
