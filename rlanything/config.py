@@ -185,8 +185,9 @@ class OptimConfig(_Section):
     """Keep only each decoder layer's input for the backward and recompute the rest of the layer
     there (transformers' activation checkpointing, non-reentrant): a training token is counted at
     ~1/2 of the activations under bf16 autocast (SmolLM2: 604 KB against 1.29 MB;
-    `footprint.activation_bytes_per_token`), at the cost of a second forward of every layer. The same gradients (to float rounding); the micro-batch
-    planner counts the smaller activations, so more fits under `run.memory_gb`."""
+    `footprint.activation_bytes_per_token`), at the cost of a second forward of every layer. The
+    same gradients (to float rounding); the micro-batch planner counts the smaller activations,
+    so more fits under `run.memory_gb`."""
     frozen: bool = False
     """Skip the update: the step trains on no sample and writes the unchanged weights as the
     iteration's checkpoint (the learning test's control run, e.g. `rm.optim.frozen: true`)."""
