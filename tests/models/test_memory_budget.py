@@ -167,67 +167,83 @@ def test_an_update_reserves_the_gradients_and_the_moments_it_has_yet_to_allocate
 
 
 ESTIMATE = r"""
-import contextlib, json, torch
+import contextlib, json, sys, torch
 from rlanything import memory
-from rlanything.models.footprint import forward_bytes
+from rlanything.models.training import tree_attention
 from rlanything.models.training.packing import pack, packed_response_logprobs
-from rlanything.models.training.trainer import checkpoint_layers
+from rlanything.models.training.trainer import Sample, _forward_need, checkpoint_layers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 torch.manual_seed(0)
 config = LlamaConfig(vocab_size=4096, hidden_size=128, intermediate_size=512, num_hidden_layers=32,
                      num_attention_heads=4, num_key_value_heads=4)
 model = LlamaForCausalLM(config).train()
-params = sum(p.numel() for p in model.parameters())
 g = torch.Generator().manual_seed(0)
+bf16 = sys.argv[1] == "bf16"
+torch.set_num_threads(1)  # fp32 and bf16 run side by side, a core each
 
-def micro_batch(bf16, training, rows, prompt, response, checkpointed=False):
+def micro_batch(training, rows, prompt, response, checkpointed=False, shared=False):
     if checkpointed:
         checkpoint_layers(model)
     else:
         model.activation_checkpointing_disable()
-    seqs = [torch.randint(5, 4000, (prompt + response,), generator=g).tolist() for _ in range(rows)]
+    first = torch.randint(5, 4000, (prompt,), generator=g).tolist()
+    seqs = [(first if shared else torch.randint(5, 4000, (prompt,), generator=g).tolist())
+            + torch.randint(5, 4000, (response,), generator=g).tolist() for _ in range(rows)]
     with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+        # the planner's own estimate (the trainer's, as it cuts micro-batches), before the work
+        samples = [Sample(seq, response, [0.0] * response, 1.0) for seq in seqs]
+        estimate = _forward_need(model, samples, training)(list(range(rows)))
+        memory.release()
+        before = memory.rss_bytes()
+        memory.reset_peak()
         with contextlib.nullcontext() if training else torch.no_grad():
             logprobs, mask = packed_response_logprobs(model, seqs, [response] * rows, 0, 1.0)
         if training:
             (logprobs * mask).sum().backward()
-    trees, _ = pack(seqs)
-    width = max(len(tree.tokens) for tree in trees)
-    return forward_bytes(config, len(trees), width, rows * response, training, params if bf16 else 0, checkpointed)
+    width = max(len(tree.tokens) for tree in pack(seqs)[0])
+    return estimate, memory.peak_gb() - before / 2**30, tree_attention.attends_by_tree(model, width)
 
+micro_batch(True, 1, 8, 8)  # code mapped, gradients allocated: what a later micro-batch finds
+# the update's micro-batches (8 or 16 short sequences packed in one row: tree attention); the
+# scoring of its old log-probs (one long row: where a KV cache nobody reads, 32 KiB a token here,
+# would dwarf the activations); branches of one long prompt (each call gathers the prompt's keys);
+# the layers recomputed in the backward (optim.gradient_checkpointing: the mask path)
+cases = [(True, (8, 200, 100)), (True, (16, 50, 150)), (False, (1, 4000, 100)), (True, (8, 1000, 150, False, True)),
+         (True, (8, 200, 100, True)), (True, (2, 1000, 100, True))]
 out = []
-for bf16 in (False, True):
-    micro_batch(bf16, True, 1, 8, 8)  # code mapped, gradients allocated: what a later micro-batch finds
-    # the update's micro-batches, and the scoring of its old log-probs (one long row: where a KV
-    # cache nobody reads, 32 KiB a token here, would dwarf the activations)
-    # and the update's with its layers recomputed in the backward (optim.gradient_checkpointing)
-    cases = [(True, (8, 200, 100), False), (True, (16, 50, 150), False), (False, (1, 4000, 100), False),
-             (True, (8, 200, 100), True), (True, (2, 1000, 100), True)]
-    for training, shape, checkpointed in cases:
-        memory.release()
-        before = memory.rss_bytes()
-        memory.reset_peak()
-        estimate = micro_batch(bf16, training, *shape, checkpointed)
-        out.append({"bf16": bf16, "training": training, "shape": shape, "checkpointed": checkpointed,
-                    "estimate": estimate / 2**30, "measured": memory.peak_gb() - before / 2**30})
+for training, shape in cases:
+    estimate, measured, tree = micro_batch(training, *shape)
+    out.append({"bf16": bf16, "training": training, "shape": shape[:3], "checkpointed": shape[3:4] == (True,),
+                "tree": tree, "estimate": estimate / 2**30, "measured": measured})
 print(json.dumps(out))
 """
 
 
 def test_a_training_micro_batch_is_estimated_from_above_within_the_margin():
-    """What the update cuts its micro-batches by (`footprint.forward_bytes`), against what one
-    micro-batch's forward and backward add to the process, on a deep narrow model where the kept
-    activations are most of it (32 layers, H 128), in fp32 and under bf16 autocast, and what the
-    scoring of one long row adds: the estimate may fall short by at most half the budget's margin
-    (0.125 GiB), and is not wasteful (< 1.5x; < 2x with the layers checkpointed,
-    `optim.gradient_checkpointing`). The count before (8H + 4I values a layer kept in
-    fp32) was 0.65 of today's and fell short by ~0.4 GiB here; the scoring forward, while it built
-    a KV cache nobody read, measured 0.28 GiB in fp32 against its 0.10 estimate."""
-    done = subprocess.run([sys.executable, "-c", ESTIMATE], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    for case in json.loads(done.stdout.strip().splitlines()[-1]):
-        print(case)
+    """What the update cuts its micro-batches by (the trainer's `_forward_need`,
+    `footprint.forward_bytes`), against what one micro-batch's forward and backward add to the
+    process, on a deep narrow model where the kept activations are most of it (32 layers, H 128),
+    in fp32 and under bf16 autocast (one process each, side by side), and what the scoring of one
+    long row adds: the estimate may fall short by at most half the budget's margin (0.125 GiB),
+    and is not wasteful (< 1.5x; < 2x with the layers checkpointed,
+    `optim.gradient_checkpointing`). The count before (8H + 4I values a layer kept in fp32) was
+    0.65 of today's and fell short by ~0.4 GiB here; the scoring forward, while it built a KV
+    cache nobody read, measured 0.28 GiB in fp32 against its 0.10 estimate; rows through tree
+    attention were estimated as if they built the (N, N) mask, without the keys each call
+    gathers, and fell short by up to 1 GiB on SmolLM2's text-game updates."""
+    runs = [
+        subprocess.Popen([sys.executable, "-c", ESTIMATE, p], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for p in ("fp32", "bf16")
+    ]
+    cases = []
+    for run in runs:
+        out, err = run.communicate(timeout=600)
+        assert run.returncode == 0, err[-3000:]
+        cases += json.loads(out.strip().splitlines()[-1])
+    print(*cases, sep="\n")
+    assert [c["tree"] for c in cases] == [True, True, True, True, False, False] * 2  # each path is measured
+    for case in cases:
         assert case["estimate"] >= case["measured"] - MARGIN_GB / 2, case
         # a checkpointed backward's holding varied most between runs: 0.37-0.60 GiB for one (2, 2000,
         # 100) case, whose bf16 estimate was 0.73 (it cost ~30 s a precision; (2, 1000, 100) ~10 s)

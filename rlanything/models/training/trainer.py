@@ -43,6 +43,7 @@ from rlanything import memory
 from rlanything.algo.losses import masked_sequence_mean, ppo_clip_loss
 from rlanything.algo.mismatch import REPORT_CAP, mismatch_measures, tis_weights
 from rlanything.models.footprint import forward_bytes
+from rlanything.models.training import tree_attention
 from rlanything.models.training.packing import pack, packed_response_logprobs
 
 
@@ -340,7 +341,11 @@ def _forward_need(model, samples: list[Sample], training: bool) -> Callable[[lis
         trees, _ = pack([samples[i].input_ids for i in part])
         width = max(len(tree.tokens) for tree in trees)
         kept = sum(samples[i].response_len for i in part)
-        return forward_bytes(config, len(trees), width, kept, training, params, checkpointed)
+        tree = None
+        if tree_attention.attends_by_tree(model, width):  # the keys its calls keep (footprint)
+            read, copied = (sum(n) for n in zip(*(tree_attention.gathered_keys(t.parents) for t in trees)))
+            tree = (sum(len(t.tokens) for t in trees), read if params else copied)  # autocast: every key a copy
+        return forward_bytes(config, len(trees), width, kept, training, params, checkpointed, tree)
 
     return need
 

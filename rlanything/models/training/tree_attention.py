@@ -127,6 +127,31 @@ def row_calls(row: int, parents: list[int]) -> list[Call]:
     return calls
 
 
+def gathered_keys(parents: list[int]) -> tuple[int, int]:
+    """Keys that `row_calls`'s calls read over one tree, all calls together -> (read, copied):
+    copied counts those of calls whose keys are not one consecutive run (an index_select; the
+    others read a view). A training forward keeps what its calls read for the backward
+    (`footprint.tree_attention_bytes`).
+
+    >>> gathered_keys([-1, 0, 1, 1])  # the calls read nodes [0, 1] and [0, 1, 2, 3]: views
+    (6, 0)
+    >>> gathered_keys([-1, 0, 0, 2, 2])  # [0], [0, 1, 2] (queries 1, 2), then [0, 2, 3, 4]: a gather
+    (8, 4)
+    """
+    segs, up = segments(parents)
+    ancestors: list[list[int]] = []
+    for above in up:  # a parent segment comes before its children
+        ancestors.append(ancestors[above] + segs[above] if above >= 0 else [])
+    read = copied = 0
+    for above, pieces in _pieces(segs, up).items():
+        shared = ancestors[above] + segs[above] if above >= 0 else []
+        for group in _groups(pieces):
+            keys = shared + [n for _, own in group for n in own]
+            read += len(keys)
+            copied += 0 if isinstance(_nodes(keys), slice) else len(keys)
+    return read, copied
+
+
 def _groups(pieces: list[tuple[list[int], list[int]]]) -> list[list[tuple[list[int], list[int]]]]:
     """Consecutive pieces in groups of at most CHUNK queries (a longer piece alone)."""
     groups: list[list[tuple[list[int], list[int]]]] = []
@@ -244,15 +269,21 @@ def _switchable(model) -> PreTrainedModel | None:
     return core
 
 
+def attends_by_tree(model, width: int) -> bool:
+    """Whether a packed forward of rows `width` nodes wide goes through `attention` (TREE_MIN_NODES
+    or more, a model that can switch) rather than the (N, N) mask."""
+    return width >= TREE_MIN_NODES and _switchable(model) is not None
+
+
 @contextmanager
 def tree_attention(model, parents: list[list[int]], width: int, device):
     """Within the block `model` attends through `attention`; yields the plan to pass as the
     forward's `tree_plan` (checked on exit), or None: rows under TREE_MIN_NODES, or a model
     that cannot switch; pass an (N, N) mask then."""
-    core = _switchable(model) if width >= TREE_MIN_NODES else None
-    if core is None:
+    if not attends_by_tree(model, width):
         yield None
         return
+    core = _switchable(model)
     plan = TreePlan.build(parents, width).to(device)
     core.set_attn_implementation(NAME)
     try:
