@@ -104,10 +104,11 @@ def forward_bytes(
     keys) of rows that go through tree attention, which builds no (rows, width, width) mask and
     keeps `tree_attention_bytes` when training (one layer's of it in inference)."""
     tokens = rows * width
-    mask = rows * width * width * FLOAT if tree is None else 0
-    if tree is not None:  # an inference forward frees each layer's gathered keys as it goes
-        mask = tree_attention_bytes(config, *tree) // (1 if training else config.num_hidden_layers)
+    if tree is None:
+        attention = rows * width * width * FLOAT  # the (rows, width, width) mask
+    else:  # an inference forward frees each layer's gathered keys as it goes
+        attention = tree_attention_bytes(config, *tree) // (1 if training else config.num_hidden_layers)
     activations = tokens * activation_bytes_per_token(config, training, autocast_params > 0, checkpointed)
     per_param = AUTOCAST_BYTES_PER_PARAM if training else AUTOCAST_SCORING_BYTES_PER_PARAM
     copies = int(per_param * autocast_params)
-    return activations + mask + logits_bytes(config, kept, training) + copies
+    return activations + attention + logits_bytes(config, kept, training) + copies

@@ -209,12 +209,13 @@ micro_batch(True, 1, 8, 8)  # code mapped, gradients allocated: what a later mic
 # scoring of its old log-probs (one long row: where a KV cache nobody reads, 32 KiB a token here,
 # would dwarf the activations); branches of one long prompt (each call gathers the prompt's keys);
 # the layers recomputed in the backward (optim.gradient_checkpointing: the mask path)
-cases = [(True, (8, 200, 100)), (True, (16, 50, 150)), (False, (1, 4000, 100)), (True, (8, 1000, 150, False, True)),
-         (True, (8, 200, 100, True)), (True, (2, 1000, 100, True))]
+cases = [(True, (8, 200, 100), {}), (True, (16, 50, 150), {}), (False, (1, 4000, 100), {}),
+         (True, (8, 1000, 150), {"shared": True}), (True, (8, 200, 100), {"checkpointed": True}),
+         (True, (2, 1000, 100), {"checkpointed": True})]
 out = []
-for training, shape in cases:
-    estimate, measured, tree = micro_batch(training, *shape)
-    out.append({"bf16": bf16, "training": training, "shape": shape[:3], "checkpointed": shape[3:4] == (True,),
+for training, shape, flags in cases:
+    estimate, measured, tree = micro_batch(training, *shape, **flags)
+    out.append({"bf16": bf16, "training": training, "shape": shape, "checkpointed": flags.get("checkpointed", False),
                 "tree": tree, "estimate": estimate / 2**30, "measured": measured})
 print(json.dumps(out))
 """

@@ -20,6 +20,7 @@ interface keeps the mask path; one that drops the keyword fails loudly (`TreePla
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -102,6 +103,18 @@ def _pieces(segs: list[list[int]], up: list[int]) -> dict[int, list[tuple[list[i
     return by_parent
 
 
+def _call_nodes(segs: list[list[int]], up: list[int]) -> Iterator[tuple[list[int], list[int]]]:
+    """Each call's (queries, keys) node lists, from a tree's `segments`: a group of sibling
+    pieces, their shared ancestors' nodes first, then each piece's own."""
+    ancestors: list[list[int]] = []
+    for above in up:  # a parent segment comes before its children
+        ancestors.append(ancestors[above] + segs[above] if above >= 0 else [])
+    for above, pieces in _pieces(segs, up).items():
+        shared = ancestors[above] + segs[above] if above >= 0 else []  # seen by every query here
+        for group in _groups(pieces):
+            yield [n for q, _ in group for n in q], shared + [n for _, own in group for n in own]
+
+
 def row_calls(row: int, parents: list[int]) -> list[Call]:
     """The calls that compute attention for every node of one tree exactly once.
 
@@ -112,18 +125,11 @@ def row_calls(row: int, parents: list[int]) -> list[Call]:
     """
     segs, up = segments(parents)
     enter, leave = intervals(parents, segs)
-    ancestors: list[list[int]] = []
-    for above in up:  # a parent segment comes before its children
-        ancestors.append(ancestors[above] + segs[above] if above >= 0 else [])
     calls = []
-    for above, pieces in _pieces(segs, up).items():
-        shared = ancestors[above] + segs[above] if above >= 0 else []  # seen by every query here
-        for group in _groups(pieces):
-            queries = [n for q, _ in group for n in q]
-            keys = shared + [n for _, own in group for n in own]
-            q, k = torch.tensor(queries)[:, None], torch.tensor(keys)
-            mask = (enter[k] <= enter[q]) & (enter[q] < leave[k])
-            calls.append(Call(row, _nodes(queries), _nodes(keys), None if mask.all() else mask))
+    for queries, keys in _call_nodes(segs, up):
+        q, k = torch.tensor(queries)[:, None], torch.tensor(keys)
+        mask = (enter[k] <= enter[q]) & (enter[q] < leave[k])
+        calls.append(Call(row, _nodes(queries), _nodes(keys), None if mask.all() else mask))
     return calls
 
 
@@ -138,17 +144,10 @@ def gathered_keys(parents: list[int]) -> tuple[int, int]:
     >>> gathered_keys([-1, 0, 0, 2, 2])  # [0], [0, 1, 2] (queries 1, 2), then [0, 2, 3, 4]: a gather
     (8, 4)
     """
-    segs, up = segments(parents)
-    ancestors: list[list[int]] = []
-    for above in up:  # a parent segment comes before its children
-        ancestors.append(ancestors[above] + segs[above] if above >= 0 else [])
     read = copied = 0
-    for above, pieces in _pieces(segs, up).items():
-        shared = ancestors[above] + segs[above] if above >= 0 else []
-        for group in _groups(pieces):
-            keys = shared + [n for _, own in group for n in own]
-            read += len(keys)
-            copied += 0 if isinstance(_nodes(keys), slice) else len(keys)
+    for _, keys in _call_nodes(*segments(parents)):
+        read += len(keys)
+        copied += 0 if isinstance(_nodes(keys), slice) else len(keys)
     return read, copied
 
 
