@@ -1,12 +1,13 @@
 """What the RM's first update does to its verdict prior, with the start left on bf16 ties and
-rounded to the bf16 sampler's values first (the update's `round_start_to`).
+placed within the bf16 sampler's values first (the update's `round_start_to`).
 
     python -m benchmarks.first_rm_step RUN_DIR [--lr 1e-8,1e-5] [--prompts 40]
 
 Replays iteration 0's RM update (the samples it trained on, the run's settings, AdamW as
 shipped, at each `--lr` with no warmup) twice: from the starting RM as it loads, and from it
-rounded to bf16 (`models.precision.round_to_bf16_`, what the update now does when a bf16
-sampler ran the start). Each result, and each start, is scored on the first `--prompts` steps
+placed within its bf16 values (`models.precision.dither_to_bf16_`, what the update does when a
+bf16 sampler ran the start; from November 29 to December 6 it rounded them, `round_to_bf16_`,
+whose bf16 copy is the same). Each result, and each start, is scored on the first `--prompts` steps
 the RM judged in iteration 1 (iteration 0 where the run has no later one): P(+1) of the
 constrained verdict (`benchmarks.verdict_prior.plus_probability`) loaded in bf16, as the
 sampler runs it, and in fp32. Printed first: the share of the start's weights that lie exactly
@@ -80,7 +81,7 @@ def main() -> None:
         score("start as loaded", start)
         score("start rounded to bf16", rounded)
         for lr in (float(x) for x in args.lr.split(",")):
-            for label, rounding in (("as loaded", None), ("rounded to bf16", "bf16")):
+            for label, rounding in (("as loaded", None), ("placed within its bf16 values", "bf16")):
                 out = Path(scratch) / f"{lr}-{rounding}"
                 run_update(replace(job, out=str(out), lr=lr, warmup_steps=0, round_start_to=rounding), samples)
                 score(f"one step at lr {lr:g} from the start {label}", out)

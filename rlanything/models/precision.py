@@ -246,14 +246,16 @@ def recompute_old_logprobs(setting: str, generation: str, update: str) -> bool:
 
 
 def round_to_bf16_(model) -> None:
-    """Round every fp32 weight of `model` to its nearest bf16 value, in place (it stays fp32).
-    An update that starts from weights a bf16 sampler ran calls it
-    first, so that its fp32 master weights are the sampler's weights exactly.
+    """Round every fp32 weight of `model` to its nearest bf16 value, in place (it stays fp32):
+    its fp32 weights are then a bf16 sampler's exactly. Updates from weights a bf16 sampler ran
+    did this first from November 29 to December 6; they now use `dither_to_bf16_`, as a rounded
+    weight hides every step under half an ulp from the sampler (benchmarks/first_rm_step.py and
+    the tests still build rounded starts).
 
-    Why: weights converted from a format between bf16 and fp32 (the builtin SmolLM2 comes from
-    an F16 GGUF) can sit exactly halfway between two bf16 values: 8.1% of SmolLM2's do. The
-    sampler rounds such a tie to even; after an update, however small, it rounds it towards the
-    update's sign. The first update then lands in the sampler as a half-ulp sign step on those
+    Why not leave them as loaded: weights converted from a format between bf16 and fp32 (the
+    builtin SmolLM2 comes from an F16 GGUF) can sit exactly halfway between two bf16 values:
+    8.1% of SmolLM2's do. The sampler rounds such a tie to even; after an update, however small,
+    it rounds it towards the update's sign. The first update then lands in the sampler as a half-ulp sign step on those
     weights, whatever the learning rate: one AdamW step at lr 1e-8 moved the judge's P(+1) from
     0.73 to 0.07 (docs/judge.md, "The judge's first step was the bf16 rounding").
 
@@ -271,3 +273,50 @@ def round_to_bf16_(model) -> None:
         for weight in model.parameters():
             if weight.dtype == torch.float32:
                 weight.copy_(weight.to(torch.bfloat16))
+
+
+def dither_to_bf16_(model, seed: int) -> None:
+    """Place every fp32 weight of `model` at a uniformly drawn point of the interval that rounds
+    to its nearest bf16 value, in place: a bf16 copy is the one `round_to_bf16_` gives, and an
+    update of δ then moves each weight's bf16 copy by δ in expectation. An update that starts
+    from weights a bf16 sampler ran calls it first.
+
+    Why not round: a rounded weight sits on a bf16 value, half an ulp from where its bf16 copy
+    changes, so the sampler sees no update until the fp32 master has moved that far. A weight of
+    0.02 has a half-ulp of 3.9e-5: four AdamW steps of lr 1e-5 in one direction. Measured on
+    two-digit sums: the rounded start learned in 12 iterations what the run before it learned in
+    6 (docs/learning.md, "The bf16 sampler's start"). Left as loaded, 8.1% of SmolLM2's weights
+    are ties (see `round_to_bf16_`) and any first step flips them towards its sign.
+
+    >>> import torch
+    >>> layer = torch.nn.Linear(1000, 1, bias=False)
+    >>> ulp = 2**-7  # bf16's spacing between 1 and 2
+    >>> with torch.no_grad():
+    ...     _ = layer.weight.fill_(1.5 + ulp / 2)  # ties: bf16 rounds them to even, 1.5
+    >>> dither_to_bf16_(layer, seed=0)
+    >>> w = layer.weight
+    >>> bool((w.to(torch.bfloat16) == 1.5).all())  # the sampler's copy: unchanged
+    True
+    >>> [round((x.item() - 1.5) / ulp, 2) for x in (w.min(), w.mean(), w.max())]  # spread over the cell
+    [-0.5, 0.0, 0.5]
+    >>> up = (w + ulp / 4).to(torch.bfloat16)  # a step of a quarter ulp upwards
+    >>> round((up == 1.5 + ulp).float().mean().item(), 2)  # flips about a quarter of the weights
+    0.25
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for weight in model.parameters():
+            if weight.dtype != torch.float32:
+                continue
+            grid = weight.to(torch.bfloat16).float()
+            # the bf16 neighbours in magnitude: one step of bf16's last mantissa bit (bit 16 of fp32)
+            bits = grid.abs().view(torch.int32)
+            above = (bits + 0x10000).view(torch.float32) - grid.abs()
+            below = torch.where(bits > 0, grid.abs() - (bits - 0x10000).clamp(min=0).view(torch.float32), above)
+            u = torch.rand(grid.shape, generator=generator).to(grid.device)
+            offset = (u * (above + below) - below) / 2  # uniform over (-below/2, above/2)
+            dithered = grid + torch.where(grid < 0, -offset, offset)
+            # a draw that lands on a tie may round away: those keep the bf16 value itself
+            weight.copy_(torch.where(dithered.to(torch.bfloat16).float() == grid, dithered, grid))

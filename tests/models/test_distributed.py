@@ -240,29 +240,46 @@ def _bf16_copy(folder: Path) -> dict:
 
 def test_a_start_on_bf16_ties_reaches_a_bf16_sampler_as_its_lr_says(tiny_model_path, tiny_tokenizer, samples, tmp_path):
     """Weights exactly halfway between two bf16 values (8.1% of the builtin SmolLM2's): a bf16
-    sampler rounds them to even, and after an update, however small, towards its sign. Rounded
-    to the sampler's values first (`round_start_to`), a step of lr 1e-6 leaves the sampler's
-    copy exactly as it was; left as ties, the same step flips most of them."""
+    sampler rounds them to even, and after an update, however small, towards its sign. Placed
+    within the sampler's values first (`round_start_to`, models.precision.dither_to_bf16_), a
+    step of lr 1e-6 flips each weight's bf16 copy with probability |step| / ulp: the number of
+    flips is the sum of those, as the lr says. Left as ties, the same step flips most of them;
+    rounded onto the bf16 values (the start before the dithering), it flips none."""
     import torch
 
+    from rlanything.models.precision import dither_to_bf16_, round_to_bf16_
     from rlanything.models.training.saving import save_checkpoint
 
     model = load_model(tiny_model_path)
     with torch.no_grad():
         for w in model.parameters():  # each weight's bf16 truncation plus half a bf16 ulp: a tie
-            # at least 0.01: a step of 1e-6 stays under half a bf16 ulp (3e-5 there)
+            # at least 0.01: a step of 1e-6 stays far under a bf16 ulp (6e-5 there)
             w.copy_(torch.where(w < 0, -1.0, 1.0) * w.abs().clamp(min=0.01))
             w.view(torch.int32).copy_((w.view(torch.int32) & ~0xFFFF) | 0x8000)
     save_checkpoint(model, tiny_tokenizer, None, tmp_path / "ties")
+    round_to_bf16_(model)
+    save_checkpoint(model, tiny_tokenizer, None, tmp_path / "rounded")
     sampled = _bf16_copy(tmp_path / "ties")
-    for name, rounding in (("rounded", "bf16"), ("ties", None)):
-        run_update(job(tmp_path / "ties", tmp_path / name, lr=1e-6, updates=1, round_start_to=rounding), samples)
+    for start, name, placing in (("ties", "dithered", "bf16"), ("ties", "as_loaded", None), ("rounded", "grid", None)):
+        run_update(job(tmp_path / start, tmp_path / name, lr=1e-6, updates=1, round_start_to=placing), samples)
     flipped = {
         name: {k: int((a != sampled[k]).sum()) for k, a in _bf16_copy(tmp_path / name).items()}
-        for name in ("rounded", "ties")
+        for name in ("dithered", "as_loaded", "grid")
     }
-    assert sum(flipped["rounded"].values()) == 0, flipped["rounded"]
     # the layers' weights all have gradients (most embedding rows are tokens no sample holds)
     layers = [k for k in sampled if ".layers." in k]
-    flips, weights = sum(flipped["ties"][k] for k in layers), sum(sampled[k].numel() for k in layers)
-    assert flips > 0.2 * weights, (flips, weights)
+    weights = sum(sampled[k].numel() for k in layers)
+    assert sum(flipped["grid"].values()) == 0, flipped["grid"]
+    assert sum(flipped["as_loaded"][k] for k in layers) > 0.2 * weights
+    # dithered: P(flip) = |master step| / ulp, the step read from the same start the update drew
+    model = load_model(tmp_path / "ties")
+    dither_to_bf16_(model, seed=0)  # the job's seed
+    start, after = model.state_dict(), load_model(tmp_path / "dithered").state_dict()
+    expected = 0.0
+    for k in layers:
+        grid = sampled[k].float()
+        ulp = (grid.abs().view(torch.int32) + 0x10000).view(torch.float32) - grid.abs()
+        expected += float(((after[k] - start[k]).abs() / ulp).sum())
+    flips = sum(flipped["dithered"][k] for k in layers)
+    assert 50 < expected < 0.05 * weights, (expected, weights)  # a step far under an ulp, yet seen
+    assert abs(flips - expected) < 5 * expected**0.5 + 0.1 * expected, (flips, expected)

@@ -47,7 +47,7 @@ import torch
 from rlanything import memory, procs
 from rlanything.algo.schedule import learning_rate
 from rlanything.models.loading import ADAPTER_DIR, load_model, resolve_device
-from rlanything.models.precision import ACCELERATE_PRECISION, round_to_bf16_
+from rlanything.models.precision import ACCELERATE_PRECISION, dither_to_bf16_
 from rlanything.models.training.lora import load_for_training
 from rlanything.models.training.saving import OPTIMIZER_STATE, save_checkpoint
 from rlanything.models.training.trainer import (
@@ -94,7 +94,8 @@ class UpdateJob:
     anchor_beta: float = 0.0
     gradient_checkpointing: bool = False  # optim.gradient_checkpointing
     memory_gb: float | None = None  # run.memory_gb: the budget of each process of a launched update
-    # "bf16": a bf16 sampler ran the start weights; round them to it first (precision.round_to_bf16_)
+    # "bf16": a bf16 sampler ran the start weights; place them within its values first, so that
+    # it sees each step in proportion (precision.dither_to_bf16_)
     round_start_to: str | None = None
     extra: dict = field(default_factory=dict)  # free-form notes (kind, iteration) for logs
 
@@ -202,7 +203,7 @@ def run_update(
     base = "bfloat16" if _lora(job).enabled and job.precision == "bf16" else "float32"
     model, tokenizer = load_for_training(Path(job.start), base, _lora(job), seed=job.seed)
     if job.round_start_to == "bf16":
-        round_to_bf16_(model)
+        dither_to_bf16_(model, job.seed)
     if job.gradient_checkpointing:
         checkpoint_layers(model)
     device = resolve_device(job.device) if backend == "torch" else _process_device()
