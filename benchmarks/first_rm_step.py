@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--lr", default="1e-8,1e-5", help="learning rates of the replayed step, comma-separated")
     ap.add_argument("--prompts", type=int, default=40)
     args = ap.parse_args()
-    header("first_rm_step: the RM's first update, from its start as loaded and rounded to bf16")
+    header("first_rm_step: the RM's first update, from its start as loaded and placed within its bf16 values")
     print(f"   {cpu_line()}")
     config, layout = load_config(args.run_dir / "config.yaml"), RunLayout(args.run_dir)
     samples = update_samples(config, layout, 0, "rm")

@@ -276,47 +276,67 @@ def round_to_bf16_(model) -> None:
 
 
 def dither_to_bf16_(model, seed: int) -> None:
-    """Place every fp32 weight of `model` at a uniformly drawn point of the interval that rounds
-    to its nearest bf16 value, in place: a bf16 copy is the one `round_to_bf16_` gives, and an
-    update of δ then moves each weight's bf16 copy by δ in expectation. An update that starts
-    from weights a bf16 sampler ran calls it first.
+    """Place every trainable fp32 weight of `model` at a random point of the interval that
+    rounds to its nearest bf16 value, in place: its bf16 copy is the one `round_to_bf16_` gives,
+    and an update of δ then moves that copy by δ in expectation. An update that starts from
+    weights a bf16 sampler ran calls it first. Each half of the interval is drawn with
+    probability 1/2, uniformly within it: at a power of two the spacing below is half the
+    spacing above, and a flip either way then still happens with probability |δ| / spacing.
+    Zeros stay zero (their interval is ~1e-40 wide: every step shows anyway).
 
     Why not round: a rounded weight sits on a bf16 value, half an ulp from where its bf16 copy
     changes, so the sampler sees no update until the fp32 master has moved that far. A weight of
-    0.02 has a half-ulp of 3.9e-5: four AdamW steps of lr 1e-5 in one direction. Measured on
+    0.02 has a half-ulp of 6.1e-5: seven AdamW steps of lr 1e-5 in one direction. Measured on
     two-digit sums: the rounded start learned in 12 iterations what the run before it learned in
     6 (docs/learning.md, "The bf16 sampler's start"). Left as loaded, 8.1% of SmolLM2's weights
     are ties (see `round_to_bf16_`) and any first step flips them towards its sign.
 
     >>> import torch
-    >>> layer = torch.nn.Linear(1000, 1, bias=False)
+    >>> layer = torch.nn.Linear(100_000, 2, bias=False)
     >>> ulp = 2**-7  # bf16's spacing between 1 and 2
     >>> with torch.no_grad():
-    ...     _ = layer.weight.fill_(1.5 + ulp / 2)  # ties: bf16 rounds them to even, 1.5
+    ...     _ = layer.weight[0].fill_(1.5 + ulp / 2)  # ties: bf16 rounds them to even, 1.5
+    ...     _ = layer.weight[1].fill_(1.0)  # a power of two: the spacing below is ulp / 2
     >>> dither_to_bf16_(layer, seed=0)
-    >>> w = layer.weight
-    >>> bool((w.to(torch.bfloat16) == 1.5).all())  # the sampler's copy: unchanged
+    >>> w = layer.weight.detach()
+    >>> bool((w[0].to(torch.bfloat16) == 1.5).all()), bool((w[1].to(torch.bfloat16) == 1.0).all())
+    (True, True)
+    >>> lo, hi = (w[0].min().item() - 1.5) / ulp, (w[0].max().item() - 1.5) / ulp
+    >>> -0.5 <= lo < -0.499 and 0.499 < hi <= 0.5  # spread over the whole interval
     True
-    >>> [round((x.item() - 1.5) / ulp, 2) for x in (w.min(), w.mean(), w.max())]  # spread over the cell
-    [-0.5, 0.0, 0.5]
-    >>> up = (w + ulp / 4).to(torch.bfloat16)  # a step of a quarter ulp upwards
-    >>> round((up == 1.5 + ulp).float().mean().item(), 2)  # flips about a quarter of the weights
-    0.25
+    >>> def flipped(row, step):  # share of the row whose bf16 copy a step moves
+    ...     return (((w[row] + step).to(torch.bfloat16)) != w[row].to(torch.bfloat16)).float().mean().item()
+    >>> [abs(flipped(0, ulp / 4) - 1 / 4) < 0.01, abs(flipped(0, -ulp / 4) - 1 / 4) < 0.01]
+    [True, True]
+    >>> [abs(flipped(1, ulp / 10) - 1 / 10) < 0.01, abs(flipped(1, -ulp / 20) - 1 / 10) < 0.01]
+    [True, True]
     """
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for weight in model.parameters():
-            if weight.dtype != torch.float32:
-                continue
-            grid = weight.to(torch.bfloat16).float()
-            # the bf16 neighbours in magnitude: one step of bf16's last mantissa bit (bit 16 of fp32)
-            bits = grid.abs().view(torch.int32)
-            above = (bits + 0x10000).view(torch.float32) - grid.abs()
-            below = torch.where(bits > 0, grid.abs() - (bits - 0x10000).clamp(min=0).view(torch.float32), above)
-            u = torch.rand(grid.shape, generator=generator).to(grid.device)
-            offset = (u * (above + below) - below) / 2  # uniform over (-below/2, above/2)
-            dithered = grid + torch.where(grid < 0, -offset, offset)
-            # a draw that lands on a tie may round away: those keep the bf16 value itself
-            weight.copy_(torch.where(dithered.to(torch.bfloat16).float() == grid, dithered, grid))
+            if weight.dtype != torch.float32 or not weight.requires_grad:
+                continue  # a frozen base (LoRA) or a non-fp32 weight: no master for the sampler
+            flat = weight.view(-1)
+            for start in range(0, flat.numel(), 1 << 22):  # 4M weights at a time: ~8x that in temporaries
+                part = flat[start : start + (1 << 22)]
+                part.copy_(_dithered(part, torch.rand(part.shape, generator=generator).to(part.device)))
+
+
+def _dithered(weight, u):
+    """`weight` (fp32) moved to the point `u` (uniform in [0, 1)) of its bf16 value's interval:
+    the lower half for u < 1/2, the upper half otherwise."""
+    import torch
+
+    grid = weight.to(torch.bfloat16).float()
+    # the bf16 neighbours in magnitude: one step of bf16's last mantissa bit (bit 16 of fp32)
+    bits = grid.abs().view(torch.int32)
+    above = (bits + 0x10000).view(torch.float32) - grid.abs()
+    below = torch.where(bits > 0, grid.abs() - (bits - 0x10000).clamp(min=0).view(torch.float32), above)
+    offset = (u - 0.5) * torch.where(u < 0.5, below, above)  # (-below/2, 0) or [0, above/2)
+    dithered = grid + torch.where(grid < 0, -offset, offset)
+    # zeros stay zero; a draw on a tie may round away, and the largest bf16 values have no
+    # finite neighbour above: those keep the bf16 value itself
+    kept = (dithered.to(torch.bfloat16).float() == grid) & (grid != 0)
+    return torch.where(kept, dithered, grid)

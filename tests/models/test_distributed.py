@@ -243,8 +243,9 @@ def test_a_start_on_bf16_ties_reaches_a_bf16_sampler_as_its_lr_says(tiny_model_p
     sampler rounds them to even, and after an update, however small, towards its sign. Placed
     within the sampler's values first (`round_start_to`, models.precision.dither_to_bf16_), a
     step of lr 1e-6 flips each weight's bf16 copy with probability |step| / ulp: the number of
-    flips is the sum of those, as the lr says. Left as ties, the same step flips most of them;
-    rounded onto the bf16 values (the start before the dithering), it flips none."""
+    flips, away from zero and towards it, is the sum of those, as the lr says (~500 each way,
+    1.2% of the weights). Left as ties, the same step flips half of them; rounded onto the bf16
+    values (the start before the dithering), it flips none."""
     import torch
 
     from rlanything.models.precision import dither_to_bf16_, round_to_bf16_
@@ -271,15 +272,24 @@ def test_a_start_on_bf16_ties_reaches_a_bf16_sampler_as_its_lr_says(tiny_model_p
     weights = sum(sampled[k].numel() for k in layers)
     assert sum(flipped["grid"].values()) == 0, flipped["grid"]
     assert sum(flipped["as_loaded"][k] for k in layers) > 0.2 * weights
-    # dithered: P(flip) = |master step| / ulp, the step read from the same start the update drew
+    # dithered: a step flips a weight's copy with probability |step| / the bf16 spacing in the
+    # step's direction, read from the same start the update drew; counted apart for steps away
+    # from zero and towards it (a draw skewed to one half of the interval fails one of them)
     model = load_model(tmp_path / "ties")
     dither_to_bf16_(model, seed=0)  # the job's seed
     start, after = model.state_dict(), load_model(tmp_path / "dithered").state_dict()
-    expected = 0.0
+    expected, flips, copy = {True: 0.0, False: 0.0}, {True: 0, False: 0}, _bf16_copy(tmp_path / "dithered")
     for k in layers:
-        grid = sampled[k].float()
-        ulp = (grid.abs().view(torch.int32) + 0x10000).view(torch.float32) - grid.abs()
-        expected += float(((after[k] - start[k]).abs() / ulp).sum())
-    flips = sum(flipped["dithered"][k] for k in layers)
-    assert 50 < expected < 0.05 * weights, (expected, weights)  # a step far under an ulp, yet seen
-    assert abs(flips - expected) < 5 * expected**0.5 + 0.1 * expected, (flips, expected)
+        grid, step = sampled[k].float(), after[k] - start[k]
+        bits = grid.abs().view(torch.int32)
+        above = (bits + 0x10000).view(torch.float32) - grid.abs()
+        below = grid.abs() - (bits - 0x10000).view(torch.float32)
+        outward = (step > 0) == (grid > 0)
+        moved = copy[k] != sampled[k]
+        for way in (True, False):
+            mine = outward == way
+            expected[way] += float((step.abs() / torch.where(outward, above, below))[mine].sum())
+            flips[way] += int(moved[mine].sum())
+    for way in (True, False):  # a step far under an ulp, yet seen, as often as it says
+        assert 25 < expected[way] < 0.03 * weights, (way, expected, weights)
+        assert abs(flips[way] - expected[way]) < 5 * expected[way] ** 0.5, (way, flips, expected)
