@@ -255,9 +255,10 @@ def round_to_bf16_(model) -> None:
     Why not leave them as loaded: weights converted from a format between bf16 and fp32 (the
     builtin SmolLM2 comes from an F16 GGUF) can sit exactly halfway between two bf16 values:
     8.1% of SmolLM2's do. The sampler rounds such a tie to even; after an update, however small,
-    it rounds it towards the update's sign. The first update then lands in the sampler as a half-ulp sign step on those
-    weights, whatever the learning rate: one AdamW step at lr 1e-8 moved the judge's P(+1) from
-    0.73 to 0.07 (docs/judge.md, "The judge's first step was the bf16 rounding").
+    it rounds it towards the update's sign. The first update then lands in the sampler as a
+    half-ulp sign step on those weights, whatever the learning rate: one AdamW step at lr 1e-8
+    moved the judge's P(+1) from 0.73 to 0.07 (docs/judge.md, "The judge's first step was the
+    bf16 rounding").
 
     >>> import torch
     >>> layer = torch.nn.Linear(2, 1, bias=False)
@@ -324,16 +325,31 @@ def dither_to_bf16_(model, seed: int) -> None:
                 part.copy_(_dithered(part, torch.rand(part.shape, generator=generator).to(part.device)))
 
 
+def bf16_spacings(grid):
+    """The distances from each bf16 value `grid` (held in fp32) to its bf16 neighbours in
+    magnitude, (towards zero, away from zero): one step of bf16's last mantissa bit (bit 16 of
+    fp32). At a power of two the one towards zero is half the other; at zero both are the
+    smallest bf16 step.
+
+    >>> import torch
+    >>> [t.tolist() for t in bf16_spacings(torch.tensor([1.5, 1.0, -1.0]))]
+    [[0.0078125, 0.00390625, 0.00390625], [0.0078125, 0.0078125, 0.0078125]]
+    """
+    import torch
+
+    bits = grid.abs().view(torch.int32)
+    above = (bits + 0x10000).view(torch.float32) - grid.abs()
+    below = torch.where(bits > 0, grid.abs() - (bits - 0x10000).clamp(min=0).view(torch.float32), above)
+    return below, above
+
+
 def _dithered(weight, u):
     """`weight` (fp32) moved to the point `u` (uniform in [0, 1)) of its bf16 value's interval:
     the lower half for u < 1/2, the upper half otherwise."""
     import torch
 
     grid = weight.to(torch.bfloat16).float()
-    # the bf16 neighbours in magnitude: one step of bf16's last mantissa bit (bit 16 of fp32)
-    bits = grid.abs().view(torch.int32)
-    above = (bits + 0x10000).view(torch.float32) - grid.abs()
-    below = torch.where(bits > 0, grid.abs() - (bits - 0x10000).clamp(min=0).view(torch.float32), above)
+    below, above = bf16_spacings(grid)
     offset = (u - 0.5) * torch.where(u < 0.5, below, above)  # (-below/2, 0) or [0, above/2)
     dithered = grid + torch.where(grid < 0, -offset, offset)
     # zeros stay zero; a draw on a tie may round away, and the largest bf16 values have no
