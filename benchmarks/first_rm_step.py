@@ -1,5 +1,5 @@
 """What the RM's first update does to its verdict prior, with the start left on bf16 ties and
-placed within the bf16 sampler's values first (the update's `round_start_to`).
+placed within the bf16 sampler's values first (the update's `dither_start_to`).
 
     python -m benchmarks.first_rm_step RUN_DIR [--lr 1e-8,1e-5] [--prompts 40]
 
@@ -83,7 +83,7 @@ def main() -> None:
         for lr in (float(x) for x in args.lr.split(",")):
             for label, rounding in (("as loaded", None), ("placed within its bf16 values", "bf16")):
                 out = Path(scratch) / f"{lr}-{rounding}"
-                run_update(replace(job, out=str(out), lr=lr, warmup_steps=0, round_start_to=rounding), samples)
+                run_update(replace(job, out=str(out), lr=lr, warmup_steps=0, dither_start_to=rounding), samples)
                 score(f"one step at lr {lr:g} from the start {label}", out)
 
 

@@ -103,7 +103,7 @@ def update_job(
         memory_gb=config.run.memory_gb,
         # the run's first weights, as a bf16 sampler ran them: its ties are not left for the first
         # update's sign to decide, nor its steps hidden under half an ulp (models.precision.dither_to_bf16_)
-        round_start_to="bf16" if generation == "bf16" and iteration == 0 else None,
+        dither_start_to="bf16" if generation == "bf16" and iteration == 0 else None,
         extra={"kind": kind, "iteration": iteration},
     )
 

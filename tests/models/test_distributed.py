@@ -241,7 +241,7 @@ def _bf16_copy(folder: Path) -> dict:
 def test_a_start_on_bf16_ties_reaches_a_bf16_sampler_as_its_lr_says(tiny_model_path, tiny_tokenizer, samples, tmp_path):
     """Weights exactly halfway between two bf16 values (8.1% of the builtin SmolLM2's): a bf16
     sampler rounds them to even, and after an update, however small, towards its sign. Placed
-    within the sampler's values first (`round_start_to`, models.precision.dither_to_bf16_), a
+    within the sampler's values first (`dither_start_to`, models.precision.dither_to_bf16_), a
     step of lr 1e-6 flips each weight's bf16 copy with probability |step| / ulp: the number of
     flips, away from zero and towards it, is the sum of those, as the lr says (~500 each way,
     1.2% of the weights). Left as ties, the same step flips half of them; rounded onto the bf16
@@ -262,7 +262,7 @@ def test_a_start_on_bf16_ties_reaches_a_bf16_sampler_as_its_lr_says(tiny_model_p
     save_checkpoint(model, tiny_tokenizer, None, tmp_path / "rounded")
     sampled = _bf16_copy(tmp_path / "ties")
     for start, name, placing in (("ties", "dithered", "bf16"), ("ties", "as_loaded", None), ("rounded", "grid", None)):
-        run_update(job(tmp_path / start, tmp_path / name, lr=1e-6, updates=1, round_start_to=placing), samples)
+        run_update(job(tmp_path / start, tmp_path / name, lr=1e-6, updates=1, dither_start_to=placing), samples)
     flipped = {
         name: {k: int((a != sampled[k]).sum()) for k, a in _bf16_copy(tmp_path / name).items()}
         for name in ("as_loaded", "grid")

@@ -213,7 +213,7 @@ def test_truncated_importance_sampling_needs_the_trainers_logprobs():
 
 
 def test_only_an_update_from_the_runs_first_weights_rounds_them_to_a_bf16_sampler(tmp_path):
-    """`round_start_to` (models.precision.dither_to_bf16_): the policy sampled in bf16 starts
+    """`dither_start_to` (models.precision.dither_to_bf16_): the policy sampled in bf16 starts
     within its weights as sampled in iteration 0 only (later starts are the trainer's own fp32
     checkpoints, whose sub-ulp progress a new draw would erase); the fp32-sampled RM never."""
     from rlanything.agent.update_data import update_job
@@ -224,7 +224,7 @@ def test_only_an_update_from_the_runs_first_weights_rounds_them_to_a_bf16_sample
     )
     layout = RunLayout(tmp_path)
     rounding = {
-        (kind, iteration): update_job(config, layout, iteration, kind, getattr(config, kind), 0).round_start_to
+        (kind, iteration): update_job(config, layout, iteration, kind, getattr(config, kind), 0).dither_start_to
         for kind in ("policy", "rm")
         for iteration in (0, 1)
     }

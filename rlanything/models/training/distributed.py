@@ -96,7 +96,7 @@ class UpdateJob:
     memory_gb: float | None = None  # run.memory_gb: the budget of each process of a launched update
     # "bf16": a bf16 sampler ran the start weights; place them within its values first, so that
     # it sees each step in proportion (precision.dither_to_bf16_)
-    round_start_to: str | None = None
+    dither_start_to: str | None = None
     extra: dict = field(default_factory=dict)  # free-form notes (kind, iteration) for logs
 
 
@@ -202,7 +202,7 @@ def run_update(
     # base loads in the update's precision
     base = "bfloat16" if _lora(job).enabled and job.precision == "bf16" else "float32"
     model, tokenizer = load_for_training(Path(job.start), base, _lora(job), seed=job.seed)
-    if job.round_start_to == "bf16":
+    if job.dither_start_to == "bf16":
         dither_to_bf16_(model, job.seed)
     if job.gradient_checkpointing:
         checkpoint_layers(model)
