@@ -27,7 +27,16 @@ import pandas as pd
 
 from rlanything.agent.eval_judge import held_out_labels
 from rlanything.algo.metrics import wilson_interval
-from rlanything.algo.rm_accuracy import auroc, auroc_interval, consistency_target, prefix_credit, rule_order_auroc
+from rlanything.algo.rm_accuracy import (
+    NEUTRAL_RULES,
+    PROGRESS_RULES,
+    SETBACK_RULES,
+    auroc,
+    auroc_interval,
+    consistency_target,
+    prefix_credit,
+    rule_order_auroc,
+)
 from rlanything.config import load_config
 from rlanything.storage.artifacts import read_artifact
 from rlanything.storage.layout import RunLayout
@@ -107,7 +116,26 @@ def report(name: str, steps: pd.DataFrame) -> dict | None:
         print(f"  AUROC of the group's prefix credit for the label: {auroc(credit, good):.3f} [{low:.3f}, {high:.3f}]")
         print(f"    ({share:.0%} of the steps get a credit other than 0; mean credit by rule: ", end="")
         print(", ".join(f"{r} {c:+.3f}" for r, c in before.groupby("rule")["credit"].mean().items()) + ")")
+        _paid(before)
     return r["by_rule"]
+
+
+def _paid(before: pd.DataFrame) -> None:
+    """The credit as an RM target (`algo.progress_source: siblings` pays the sign of the same
+    quantity and drops the steps where it is 0): on those it pays, how it ranks progress steps
+    above setbacks (the progress AUROC's rules; no-ops apart) and how often its sign is right."""
+    paid = before[(before["credit"] != 0) & before["rule"].isin(PROGRESS_RULES + SETBACK_RULES)]
+    if paid.empty:
+        return
+    credit, good = paid["credit"].to_numpy(), paid["rule"].isin(PROGRESS_RULES).to_numpy()
+    low, high = auroc_interval(credit, good)
+    right = int(((credit > 0) == good).sum())
+    share_low, share_high = wilson_interval(right, len(paid))
+    print(f"    where it is not 0, progress steps ({good.sum()}) against setbacks ({(~good).sum()}): ", end="")
+    print(f"AUROC {auroc(credit, good):.3f} [{low:.3f}, {high:.3f}], sign right on {right}, ", end="")
+    print(f"{right / len(paid):.1%} [{share_low:.1%}, {share_high:.1%}]")
+    noop = before[(before["credit"] != 0) & before["rule"].isin(NEUTRAL_RULES)]
+    print(f"    and {len(noop)} no-ops, {int((noop['credit'] > 0).sum())} of them paid +1")
 
 
 def _auroc(r: dict) -> str:

@@ -496,17 +496,25 @@ class AlgoConfig(_Section):
     rm_target: Literal["outcome", "progress"] = "outcome"
     """What a judgment of the RM is paid for. `outcome`: R·S_j, its episode's outcome and the
     step scores (the paper). `progress` (our departure, docs/method.md): sign(V(s_t+1) −
-    V(s_t))·S_j, where V(s) is the mean outcome when the current policy plays on `progress_k`
-    times from state s (`agent.branching`, `algo.mc_progress`): what the step changed, not how
-    its episode ended. Only `progress_steps` sampled steps an iteration are valued, and only
-    they train the RM. Needs rm.role judge and a deterministic game (text games); with no RM in
-    the loop (m = 0) nothing is valued."""
+    V(s_t))·S_j, where V(s) is the mean outcome when the current policy plays on from state s
+    (`progress_source`; `agent.branching`, `algo.mc_progress`): what the step changed, not how
+    its episode ended. Only the valued steps train the RM. Needs rm.role judge and, with
+    continuations, a deterministic game (text games); with no RM in the loop (m = 0) nothing is
+    valued."""
+    progress_source: Literal["continuations", "siblings"] = "continuations"
+    """With rm_target progress, where V(s) comes from. `continuations`: `progress_k` fresh games
+    of the current policy from s, on `progress_steps` sampled steps (costs play). `siblings` (our
+    departure, docs/method.md): the mean outcome of this iteration's episodes of the task that
+    passed through s (the same actions and observations), on every step whose judgments can train
+    the RM, at no cost (`algo.mc_progress.sibling_values`); only steps where an episode parts
+    from its siblings get a target other than 0."""
     progress_steps: int = Field(16, ge=1)
-    """With rm_target progress: steps valued an iteration, drawn from the judged steps before an
-    episode's last in tasks inside `band` whose m verdicts are not all alike (the only ones
-    whose judgments can train the RM)."""
+    """With rm_target progress and progress_source continuations: steps valued an iteration,
+    drawn from the judged steps before an episode's last in tasks inside `band` whose m verdicts
+    are not all alike (the only ones whose judgments can train the RM)."""
     progress_k: int = Field(4, ge=1)
-    """With rm_target progress: continuations played from each state (before and after a step)."""
+    """With rm_target progress and progress_source continuations: continuations played from each
+    state (before and after a step)."""
     old_logprobs: Literal["auto", "sampler", "trainer"] = "auto"
     """Log-probs the PPO ratio and the KL take as the pre-update model's. `sampler`: the ones the
     engine recorded while generating (the paper); `trainer`: recomputed by the update itself,

@@ -11,8 +11,9 @@ episode limit. V(state) is the mean outcome (±1) of its valid continuations.
 Cost: K continuations of up to max_steps − k turns per state, in one batched generation per turn.
 
 `progress_rows` is what the rm_score step does with it under `algo.rm_target: progress`: value a
-sample of the iteration's steps with the policy that played them, for `algo.samples` to pay the
-RM's judgments of those steps by the sign of their progress.
+sample of the iteration's steps with the policy that played them (or, with `algo.progress_source:
+siblings`, all of them from the iteration's own episodes, at no cost), for `algo.samples` to pay
+the RM's judgments of those steps by the sign of their progress.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from rlanything import memory
 from rlanything.agent.play import Episode, env_call, play_on
 from rlanything.agent.run_context import model_path, step_engine
 from rlanything.algo.curriculum import tasks_in_bands
-from rlanything.algo.mc_progress import branch_states, progress_targets
+from rlanything.algo.mc_progress import branch_states, progress_targets, sibling_values
 from rlanything.config import Config
 from rlanything.environment import Environment
 from rlanything.envs.base import make_env
@@ -110,21 +111,38 @@ def state_values(
     return values, counts
 
 
-def sampled_steps(
-    steps: pd.DataFrame, judged: pd.DataFrame, config: Config, seed: int, split: set[tuple[int, int]]
-) -> pd.DataFrame:
-    """`algo.progress_steps` of the judged trajectories' steps before their last, in tasks inside
-    `algo.band`, whose verdicts are `split` (only their judgments can train the RM), drawn with
-    `seed` -> those step rows."""
+def trainable_steps(steps: pd.DataFrame, judged: pd.DataFrame, config: Config, split: set[tuple[int, int]]):
+    """The judged trajectories' steps before their last, in tasks inside `algo.band`, whose
+    verdicts are `split`: the only ones whose judgments can train the RM -> those step rows."""
     tasks = tasks_in_bands(judged.outcome.to_numpy(), judged.task_id.to_numpy(), config.algo.band)
     last = judged.set_index("traj_id").num_steps - 1
     kept = judged[judged.task_id.isin(tasks)].traj_id
     pool = steps[steps.traj_id.isin(kept)]
     pool = pool[pool.step_idx < pool.traj_id.map(last)]
     pool = pool[[(int(t), int(k)) in split for t, k in zip(pool.traj_id, pool.step_idx)]]
+    return pool.sort_values(["traj_id", "step_idx"])
+
+
+def sampled_steps(
+    steps: pd.DataFrame, judged: pd.DataFrame, config: Config, seed: int, split: set[tuple[int, int]]
+) -> pd.DataFrame:
+    """`algo.progress_steps` of the `trainable_steps`, drawn with `seed` -> those step rows."""
+    pool = trainable_steps(steps, judged, config, split)
     return pool.sample(n=min(config.algo.progress_steps, len(pool)), random_state=seed).sort_values(
         ["traj_id", "step_idx"]
     )
+
+
+def histories(steps: pd.DataFrame, episodes: pd.DataFrame, traj_ids) -> dict[int, tuple]:
+    """Each trajectory's history for `algo.mc_progress.sibling_values`: (its task and first
+    observation, then (action, observation) of each step in order)."""
+    first = episodes.set_index("traj_id")
+    ordered = steps[steps.traj_id.isin(set(traj_ids))].sort_values(["traj_id", "step_idx"])
+    events = {
+        int(t): [(a if isinstance(a, str) else None, o) for a, o in zip(g.action, g.observation)]
+        for t, g in ordered.groupby("traj_id")
+    }
+    return {int(t): ((first.task_id[t], first.first_observation[t]), *events.get(int(t), ())) for t in traj_ids}
 
 
 def _points(states: list[tuple[int, int]], steps: pd.DataFrame, episodes: pd.DataFrame, specs) -> list[BranchPoint]:
@@ -152,15 +170,48 @@ def progress_rows(
     judged: pd.DataFrame,
     split: set[tuple[int, int]],
 ) -> tuple[list[dict], dict[str, float]]:
-    """rm_score under `algo.rm_target: progress`, after judging: value the states around a sample
-    of the judged steps whose verdicts are `split` (`sampled_steps`) with this iteration's policy
-    -> (PROGRESS rows, metrics)."""
+    """rm_score under `algo.rm_target: progress`, after judging: the values of the states around
+    the judged steps whose verdicts are `split`, and their progress -> (PROGRESS rows, metrics).
+    `algo.progress_source` continuations: a sample of those steps (`sampled_steps`), valued by
+    playing on with this iteration's policy; siblings: all of them, valued from the iteration's
+    own episodes of their task (`algo.mc_progress.sibling_values`)."""
     steps, episodes = frames["rollouts"], frames["episodes"]
-    seed = derive_seed(config.run.seed, iteration, "progress_sample")
-    picked = sampled_steps(steps, judged, config, seed, split)
+    ends = {int(t): (int(n), float(o)) for t, n, o in zip(judged.traj_id, judged.num_steps, judged.outcome)}
+    if config.algo.progress_source == "siblings":
+        picked = trainable_steps(steps, judged, config, split)
+        outcomes = frames["outcomes"]
+        played = outcomes[outcomes.valid & ~outcomes.pending & outcomes.task_id.isin(set(picked.task_id))]
+        value = sibling_values(
+            histories(steps, episodes, played.traj_id.tolist()), dict(zip(played.traj_id, played.outcome))
+        )
+        metrics = {"progress/episodes": len(played)}
+    else:
+        picked = sampled_steps(steps, judged, config, derive_seed(config.run.seed, iteration, "progress_sample"), split)
+        value, metrics = (
+            _continuation_values(config, layout, iteration, frames, picked, ends) if len(picked) else ({}, {})
+        )
     if picked.empty:
         return [], {"progress/steps": 0}
-    ends = {int(t): (int(n), float(o)) for t, n, o in zip(judged.traj_id, judged.num_steps, judged.outcome)}
+    traj, step = picked.traj_id.to_numpy(), picked.step_idx.to_numpy()
+    gain = progress_targets(traj, step, value, ends)
+    rows = [
+        {
+            "traj_id": t,
+            "step_idx": k,
+            "value_before": value.get((t, k)),
+            "value_after": value.get((t, k + 1)),
+            "progress": g,
+        }
+        for t, k, g in zip(traj.tolist(), step.tolist(), gain.tolist())
+    ]
+    metrics |= {"progress/steps": len(rows), "progress/nonzero_share": float(np.mean(np.nan_to_num(gain) != 0))}
+    return rows, metrics
+
+
+def _continuation_values(config, layout, iteration, frames, picked, ends) -> tuple[dict, dict[str, float]]:
+    """V of the states before and after each `picked` step, from `algo.progress_k` continuations
+    of this iteration's policy -> ({(traj_id, k): V}, metrics)."""
+    steps, episodes = frames["rollouts"], frames["episodes"]
     states = branch_states(picked.traj_id.to_numpy(), picked.step_idx.to_numpy(), ends)
     specs = {task_id: json.loads(spec) for task_id, spec in frames["specs"].items()}
     path = model_path(config, layout, "policy", iteration)
@@ -180,19 +231,4 @@ def progress_rows(
     )
     del engine
     memory.release(collect=True)
-    value = dict(zip(states, values.tolist()))
-    traj, step = picked.traj_id.to_numpy(), picked.step_idx.to_numpy()
-    gain = progress_targets(traj, step, value, ends)
-    rows = [
-        {
-            "traj_id": t,
-            "step_idx": k,
-            "value_before": value.get((t, k)),
-            "value_after": value.get((t, k + 1)),
-            "progress": g,
-        }
-        for t, k, g in zip(traj.tolist(), step.tolist(), gain.tolist())
-    ]
-    metrics = {f"progress/{name}": float(n) for name, n in counts.items()}
-    metrics |= {"progress/steps": len(rows), "progress/nonzero_share": float(np.mean(np.nan_to_num(gain) != 0))}
-    return rows, metrics
+    return dict(zip(states, values.tolist())), {f"progress/{name}": float(n) for name, n in counts.items()}

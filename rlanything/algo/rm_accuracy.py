@@ -44,6 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlanything.algo.mc_progress import progress_targets, sibling_values
+
 
 def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
     """Area under the ROC curve of `scores` for `labels` (True = positive), ties counted one half
@@ -394,16 +396,14 @@ def prefix_credit(group: np.ndarray, traj: np.ndarray, step: np.ndarray, action:
     """
     group, traj, step = np.asarray(group), np.asarray(traj), np.asarray(step)
     action, outcome = np.asarray(action), np.asarray(outcome, dtype=float)
-    prefixes: dict[tuple, tuple] = {}  # (group, traj) -> its actions, in step order
+    episode = {key: i for i, key in enumerate(dict.fromkeys(zip(group.tolist(), traj.tolist())))}
+    index = np.array([episode[g, t] for g, t in zip(group.tolist(), traj.tolist())], dtype=int)
+    histories: dict[int, list] = {}  # the episode's group, then its actions in step order
     for i in np.lexsort((step, traj, group)):
-        prefixes[group[i], traj[i]] = prefixes.get((group[i], traj[i]), ()) + (action[i],)
-    episode_outcome = {(group[i], traj[i]): outcome[i] for i in range(len(group))}
-    value: dict[tuple, list] = {}  # (group, prefix) -> the outcomes of the episodes that began so
-    for (g, t), actions in prefixes.items():
-        for k in range(len(actions) + 1):
-            value.setdefault((g, actions[:k]), []).append(episode_outcome[g, t])
-    v = lambda g, p: float(np.mean(value[g, p]))  # noqa: E731
-    return np.array([v(g, prefixes[g, t][: k + 1]) - v(g, prefixes[g, t][:k]) for g, t, k in zip(group, traj, step)])
+        histories.setdefault(int(index[i]), [group[i]]).append(action[i])
+    ends = {e: (len(h) - 1, float(outcome[index == e][0])) for e, h in histories.items()}
+    values = sibling_values(histories, {e: end[1] for e, end in ends.items()})
+    return progress_targets(index, step, values, ends)
 
 
 def rule_order_auroc(
