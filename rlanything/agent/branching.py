@@ -175,23 +175,19 @@ def progress_rows(
     `algo.progress_source` continuations: a sample of those steps (`sampled_steps`), valued by
     playing on with this iteration's policy; siblings: all of them, valued from the iteration's
     own episodes of their task (`algo.mc_progress.sibling_values`)."""
-    steps, episodes = frames["rollouts"], frames["episodes"]
+    steps = frames["rollouts"]
     ends = {int(t): (int(n), float(o)) for t, n, o in zip(judged.traj_id, judged.num_steps, judged.outcome)}
-    if config.algo.progress_source == "siblings":
+    siblings = config.algo.progress_source == "siblings"
+    if siblings:
         picked = trainable_steps(steps, judged, config, split)
-        outcomes = frames["outcomes"]
-        played = outcomes[outcomes.valid & ~outcomes.pending & outcomes.task_id.isin(set(picked.task_id))]
-        value = sibling_values(
-            histories(steps, episodes, played.traj_id.tolist()), dict(zip(played.traj_id, played.outcome))
-        )
-        metrics = {"progress/episodes": len(played)}
     else:
         picked = sampled_steps(steps, judged, config, derive_seed(config.run.seed, iteration, "progress_sample"), split)
-        value, metrics = (
-            _continuation_values(config, layout, iteration, frames, picked, ends) if len(picked) else ({}, {})
-        )
     if picked.empty:
         return [], {"progress/steps": 0}
+    if siblings:
+        value, metrics = _sibling_values(frames, picked)
+    else:
+        value, metrics = _continuation_values(config, layout, iteration, frames, picked, ends)
     traj, step = picked.traj_id.to_numpy(), picked.step_idx.to_numpy()
     gain = progress_targets(traj, step, value, ends)
     rows = [
@@ -206,6 +202,15 @@ def progress_rows(
     ]
     metrics |= {"progress/steps": len(rows), "progress/nonzero_share": float(np.mean(np.nan_to_num(gain) != 0))}
     return rows, metrics
+
+
+def _sibling_values(frames: dict[str, pd.DataFrame], picked: pd.DataFrame) -> tuple[dict, dict[str, float]]:
+    """V of every state of the `picked` steps' tasks, from this iteration's valid episodes of
+    those tasks (`algo.mc_progress.sibling_values`) -> ({(traj_id, k): V}, metrics)."""
+    outcomes = frames["outcomes"]
+    played = outcomes[outcomes.valid & ~outcomes.pending & outcomes.task_id.isin(set(picked.task_id))]
+    events = histories(frames["rollouts"], frames["episodes"], played.traj_id.tolist())
+    return sibling_values(events, dict(zip(played.traj_id, played.outcome))), {"progress/episodes": len(played)}
 
 
 def _continuation_values(config, layout, iteration, frames, picked, ends) -> tuple[dict, dict[str, float]]:

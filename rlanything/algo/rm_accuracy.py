@@ -399,11 +399,12 @@ def prefix_credit(group: np.ndarray, traj: np.ndarray, step: np.ndarray, action:
     episode = {key: i for i, key in enumerate(dict.fromkeys(zip(group.tolist(), traj.tolist())))}
     index = np.array([episode[g, t] for g, t in zip(group.tolist(), traj.tolist())], dtype=int)
     histories: dict[int, list] = {}  # the episode's group, then its actions in step order
+    outcomes: dict[int, float] = {}
     for i in np.lexsort((step, traj, group)):
         histories.setdefault(int(index[i]), [group[i]]).append(action[i])
-    ends = {e: (len(h) - 1, float(outcome[index == e][0])) for e, h in histories.items()}
-    values = sibling_values(histories, {e: end[1] for e, end in ends.items()})
-    return progress_targets(index, step, values, ends)
+        outcomes[int(index[i])] = float(outcome[i])
+    ends = {e: (len(h) - 1, outcomes[e]) for e, h in histories.items()}
+    return progress_targets(index, step, sibling_values(histories, outcomes), ends)
 
 
 def rule_order_auroc(

@@ -17,26 +17,28 @@ from rlanything.storage.parquet import read_table  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def run(prefect_server, tmp_path_factory):
+def progress_run(root: Path, name: str, *overrides: str) -> dict:
+    """One iteration of configs/tiny-textworld.yaml with the RM paid for progress."""
     from rlanything.flows.training import train_flow
 
-    root = tmp_path_factory.mktemp("runs")
-    overrides = [
+    base = [
         f"run.root={root}",
-        "run.name=tw-progress",
+        f"run.name={name}",
         "run.iterations=1",
         "env.num_problems=2",
         "policy.tasks_per_iteration=2",
-        "policy.group_size=2",
         "rm.judgments_per_step=2",
         "env.max_steps=3",
         "adapt.enabled=false",
         "algo.rm_target=progress",
-        "algo.progress_steps=3",
-        "algo.progress_k=2",
     ]
-    return train_flow(str(REPO / "configs" / "tiny-textworld.yaml"), overrides)
+    return train_flow(str(REPO / "configs" / "tiny-textworld.yaml"), [*base, *overrides])
+
+
+@pytest.fixture(scope="module")
+def run(prefect_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    return progress_run(root, "tw-progress", "policy.group_size=2", "algo.progress_steps=3", "algo.progress_k=2")
 
 
 def test_sampled_steps_are_valued_and_only_their_judgments_are_paid(run):
@@ -71,26 +73,12 @@ def test_sampled_steps_are_valued_and_only_their_judgments_are_paid(run):
 
 @pytest.fixture(scope="module")
 def siblings_run(prefect_server, tmp_path_factory):
-    """The same iteration with the values read from the episodes themselves: the same rollouts and
-    judgments (the same seed), no continuation played; `progress_steps` does not apply."""
-    from rlanything.flows.training import train_flow
-
+    """The values read from the episodes themselves: no continuation played, and
+    `progress_steps` does not apply (set to 1, below the steps that can train)."""
     root = tmp_path_factory.mktemp("runs")
-    overrides = [
-        f"run.root={root}",
-        "run.name=tw-siblings",
-        "run.iterations=1",
-        "env.num_problems=2",
-        "policy.tasks_per_iteration=2",
-        "policy.group_size=4",
-        "rm.judgments_per_step=2",
-        "env.max_steps=3",
-        "adapt.enabled=false",
-        "algo.rm_target=progress",
-        "algo.progress_source=siblings",
-        "algo.progress_steps=1",
-    ]
-    return train_flow(str(REPO / "configs" / "tiny-textworld.yaml"), overrides)
+    return progress_run(
+        root, "tw-siblings", "policy.group_size=4", "algo.progress_source=siblings", "algo.progress_steps=1"
+    )
 
 
 def test_siblings_value_every_trainable_step_from_the_episodes_that_passed_its_states(siblings_run):
