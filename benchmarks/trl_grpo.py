@@ -169,6 +169,7 @@ def run_ours(args, specs, fallback: str) -> list[dict]:
             policy_band=algo.policy_band,
             outcome_weight=algo.outcome_weight,
             rm_balance=algo.rm_balance,
+            rm_advantage=algo.rm_advantage,
         )
         policy = adv[adv.kind == "policy"]
         kept = policy if args.train_all else policy[policy.kept]

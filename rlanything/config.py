@@ -490,9 +490,17 @@ class AlgoConfig(_Section):
     """Accuracy band of tasks whose samples train the policy."""
     rm_balance: bool = False
     """Reweight the RM's advantages so that the judgments of solved and of unsolved episodes
-    carry equal total weight in its update (our departure; `algo.advantages.outcome_balanced`):
-    with most episodes failed, the paper's consistency reward O·S_j mostly pays "−1" and a small
-    judge learns the class prior instead of the difference. Needs rm.role judge."""
+    (with rm_target progress: of steps of positive and of negative progress) carry equal total
+    weight in its update (our departure; `algo.advantages.class_balanced`): with most episodes
+    failed, the paper's consistency reward O·S_j mostly pays "−1" and a small judge learns the
+    class prior instead of the difference. With rm_target progress an iteration whose kept
+    judgments are all of one class does not train the RM (`one_class`). Needs rm.role judge."""
+    rm_advantage: Literal["zscore", "reward"] = "zscore"
+    """A judgment's advantage in the RM's update. `zscore`: its reward's z-score over the m
+    judgments of its step (the paper): a step whose m verdicts agree earns equal rewards and
+    does not train (`zero_std`), so a judge that says −1 unanimously cannot be corrected.
+    `reward` (our departure, docs/method.md): the reward itself (R·S_j, or sign(progress)·S_j;
+    −2 unparseable), every judged step trains."""
     rm_target: Literal["outcome", "progress"] = "outcome"
     """What a judgment of the RM is paid for. `outcome`: R·S_j, its episode's outcome and the
     step scores (the paper). `progress` (our departure, docs/method.md): sign(V(s_t+1) −
@@ -664,10 +672,10 @@ class Config(_Section):
                 )
         if self.algo.rm_balance and self.rm.role != "judge":
             raise ValueError("algo.rm_balance reweights judgments: it needs rm.role judge")
+        if self.algo.rm_advantage != "zscore" and self.rm.role != "judge":
+            raise ValueError("algo.rm_advantage reward pays judgments: it needs rm.role judge")
         if self.algo.rm_target == "progress" and self.rm.role != "judge":  # with m = 0: nothing to pay
             raise ValueError("algo.rm_target progress pays judgments of steps: it needs rm.role judge")
-        if self.algo.rm_target == "progress" and self.algo.rm_balance:
-            raise ValueError("algo.rm_balance weighs judgments by outcome: with algo.rm_target progress leave it off")
         if self.rm.max_new_tokens == 0 and (self.rm.verdict != "constrained" or self.rm.role != "judge"):
             raise ValueError(
                 "rm.max_new_tokens 0 (a direct verdict, no reasoning) needs rm.verdict constrained "

@@ -200,6 +200,9 @@ def test_rm_balance_needs_a_judge():
     assert build_config({}, ["algo.rm_balance=true"]).algo.rm_balance
     with pytest.raises(ConfigError, match=r"algo.rm_balance reweights judgments: it needs rm.role judge"):
         build_config({"env": {"kind": "coding"}}, ["algo.rm_balance=true", "rm.role=unit_tests"])
+    assert build_config({}, ["algo.rm_balance=true", "algo.rm_target=progress"]).algo.rm_target == "progress"
+    with pytest.raises(ConfigError, match=r"algo.rm_advantage reward pays judgments: it needs rm.role judge"):
+        build_config({"env": {"kind": "coding"}}, ["algo.rm_advantage=reward", "rm.role=unit_tests"])
 
 
 def test_leaving_the_forced_verdict_tokens_untrained_needs_the_constrained_verdict():

@@ -31,6 +31,7 @@ def compute_samples(
     policy_band: tuple,
     outcome_weight: float,
     rm_balance: bool,
+    rm_advantage: str,
     steps: pd.DataFrame | None = None,
     progress: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
@@ -52,6 +53,7 @@ def compute_samples(
         steps=None if m else cols(steps, ("traj_id", "step_idx")),
         rm_balance=rm_balance,
         progress=None if progress is None else cols(progress, ("traj_id", "step_idx", "progress")),
+        rm_advantage=rm_advantage,
     )
     if not len(policy["traj_id"]):
         return pd.DataFrame(columns=ADVANTAGES.names)

@@ -111,23 +111,24 @@ def state_values(
     return values, counts
 
 
-def trainable_steps(steps: pd.DataFrame, judged: pd.DataFrame, config: Config, split: set[tuple[int, int]]):
-    """The judged trajectories' steps before their last, in tasks inside `algo.band`, whose
-    verdicts are `split`: the only ones whose judgments can train the RM -> those step rows."""
+def trainable_steps(steps: pd.DataFrame, judged: pd.DataFrame, config: Config, can_train: set[tuple[int, int]]):
+    """The judged trajectories' steps before their last, in tasks inside `algo.band`, among
+    `can_train` (`agent.judging.can_train`: the only ones whose judgments can train the RM) ->
+    those step rows."""
     tasks = tasks_in_bands(judged.outcome.to_numpy(), judged.task_id.to_numpy(), config.algo.band)
     last = judged.set_index("traj_id").num_steps - 1
     kept = judged[judged.task_id.isin(tasks)].traj_id
     pool = steps[steps.traj_id.isin(kept)]
     pool = pool[pool.step_idx < pool.traj_id.map(last)]
-    pool = pool[[(int(t), int(k)) in split for t, k in zip(pool.traj_id, pool.step_idx)]]
+    pool = pool[[(int(t), int(k)) in can_train for t, k in zip(pool.traj_id, pool.step_idx)]]
     return pool.sort_values(["traj_id", "step_idx"])
 
 
 def sampled_steps(
-    steps: pd.DataFrame, judged: pd.DataFrame, config: Config, seed: int, split: set[tuple[int, int]]
+    steps: pd.DataFrame, judged: pd.DataFrame, config: Config, seed: int, can_train: set[tuple[int, int]]
 ) -> pd.DataFrame:
     """`algo.progress_steps` of the `trainable_steps`, drawn with `seed` -> those step rows."""
-    pool = trainable_steps(steps, judged, config, split)
+    pool = trainable_steps(steps, judged, config, can_train)
     return pool.sample(n=min(config.algo.progress_steps, len(pool)), random_state=seed).sort_values(
         ["traj_id", "step_idx"]
     )
@@ -168,10 +169,10 @@ def progress_rows(
     iteration: int,
     frames: dict[str, pd.DataFrame],
     judged: pd.DataFrame,
-    split: set[tuple[int, int]],
+    can_train: set[tuple[int, int]],
 ) -> tuple[list[dict], dict[str, float]]:
     """rm_score under `algo.rm_target: progress`, after judging: the values of the states around
-    the judged steps whose verdicts are `split`, and their progress -> (PROGRESS rows, metrics).
+    the judged steps in `can_train`, and their progress -> (PROGRESS rows, metrics).
     `algo.progress_source` continuations: a sample of those steps (`sampled_steps`), valued by
     playing on with this iteration's policy; siblings: all of them, valued from the iteration's
     own episodes of their task (`algo.mc_progress.sibling_values`)."""
@@ -179,9 +180,11 @@ def progress_rows(
     ends = {int(t): (int(n), float(o)) for t, n, o in zip(judged.traj_id, judged.num_steps, judged.outcome)}
     siblings = config.algo.progress_source == "siblings"
     if siblings:
-        picked = trainable_steps(steps, judged, config, split)
+        picked = trainable_steps(steps, judged, config, can_train)
     else:
-        picked = sampled_steps(steps, judged, config, derive_seed(config.run.seed, iteration, "progress_sample"), split)
+        picked = sampled_steps(
+            steps, judged, config, derive_seed(config.run.seed, iteration, "progress_sample"), can_train
+        )
     if picked.empty:
         return [], {"progress/steps": 0}
     if siblings:

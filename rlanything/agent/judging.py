@@ -120,6 +120,14 @@ def split_verdicts(judgments: pd.DataFrame) -> set[tuple[int, int]]:
     return {(int(t), int(k)) for (t, k), n in kinds.items() if n > 1}
 
 
+def can_train(judgments: pd.DataFrame, config: Config) -> set[tuple[int, int]]:
+    """The judged steps whose judgments can train the RM: those whose verdicts are split under the
+    paper's z-score over a step's m judgments, every one with `algo.rm_advantage: reward`."""
+    if config.algo.rm_advantage == "zscore":
+        return split_verdicts(judgments)
+    return {(int(t), int(k)) for t, k in zip(judgments.traj_id, judgments.step_idx)}
+
+
 def score_steps(config: Config, layout: RunLayout, iteration: int, frames: dict[str, pd.DataFrame]):
     """rm_score for rm.role judge: the RM judges every step of the judged trajectories m times.
     `frames`: the iteration's rollouts, episodes and outcomes -> ({artifact: rows} in the order
@@ -144,7 +152,7 @@ def score_steps(config: Config, layout: RunLayout, iteration: int, frames: dict[
     frame = pd.DataFrame(rows, columns=JUDGMENTS.names)
     valued, metrics = [], {}
     if rows and config.algo.rm_target == "progress":  # what the judgments will be paid for
-        valued, metrics = progress_rows(config, layout, iteration, frames, judged, split_verdicts(frame))
+        valued, metrics = progress_rows(config, layout, iteration, frames, judged, can_train(frame, config))
     metrics |= {
         "rm/judgments": len(rows),
         "rm/trajectories_unjudged": len(trainable) - len(judged),

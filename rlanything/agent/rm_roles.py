@@ -74,6 +74,7 @@ def _judgment_rows(config: Config, frames: Frames, lam: float) -> pd.DataFrame:
         steps=None if m else frames["rollouts"],
         rm_balance=config.algo.rm_balance,
         progress=frames["progress"] if config.algo.rm_target == "progress" else None,
+        rm_advantage=config.algo.rm_advantage,
     )
 
 

@@ -177,34 +177,37 @@ def rm_advantages(rm_reward: np.ndarray, eps: float = 1e-6) -> tuple[np.ndarray,
     return advantage, valid
 
 
-def outcome_balanced(advantage: np.ndarray, outcome: np.ndarray, kept: np.ndarray) -> np.ndarray:
-    """RM advantages reweighted so that the kept judgments of solved and of unsolved episodes
-    carry equal total weight (`algo.rm_balance`, our departure; off by default).
+def class_balanced(advantage: np.ndarray, label: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """RM advantages reweighted so that the kept judgments of the two classes carry equal total
+    weight (`algo.rm_balance`, our departure; off by default). The class of a judgment is its
+    episode's outcome (the paper's target) or the sign of its step's progress (`algo.rm_target:
+    progress`).
 
-    advantage, outcome (±1), kept (K,) -> (K,): a kept judgment of an episode with outcome o is
-    scaled by n / (2·n_o), n the kept judgments and n_o those with outcome o; judgments not kept
-    are unchanged (their advantage is not used). With one outcome only among the kept ones
-    nothing can be balanced: unchanged.
+    advantage, label (±1), kept (K,) -> (K,): a kept judgment of class c is scaled by
+    n / (2·n_c), n the kept judgments and n_c those of class c; judgments not kept are unchanged
+    (their advantage is not used). With one class only among the kept ones nothing can be
+    balanced: unchanged (`algo.samples` then drops a progress batch: `one_class`).
 
     Why: the consistency reward O·S_j pays the verdict that matches the outcome, so when most
     episodes fail most kept judgments push the RM towards −1 whatever it sees; a small judge
     then learns the class prior (measured: two optimizer steps moved SmolLM2-135M's +1 share
-    from 0.7 to 0.1 or 0.9 for solved and unsolved episodes alike). Balanced, the prior's push
-    cancels and what is left is the difference between solved and unsolved episodes.
+    from 0.7 to 0.1 or 0.9 for solved and unsolved episodes alike). The progress target has
+    the same flaw when most valued steps are setbacks. Balanced, the prior's push cancels and
+    what is left is the difference between the classes.
 
-    Worked example: 3 kept judgments of unsolved episodes and 1 of a solved one: n = 4, weights
-    4/6 and 4/2; the last judgment is not kept.
-    >>> outcome_balanced(np.array([1.0, -1.0, 1.0, 1.0, 1.0]), np.array([-1, -1, -1, 1, 1]),
-    ...                  np.array([True, True, True, True, False])).round(4).tolist()
+    Worked example: 3 kept judgments of class −1 and 1 of class +1: n = 4, weights 4/6 and
+    4/2; the last judgment is not kept.
+    >>> class_balanced(np.array([1.0, -1.0, 1.0, 1.0, 1.0]), np.array([-1, -1, -1, 1, 1]),
+    ...                np.array([True, True, True, True, False])).round(4).tolist()
     [0.6667, -0.6667, 0.6667, 2.0, 1.0]
     """
     advantage = np.asarray(advantage, dtype=np.float64).copy()
-    outcome, kept = np.asarray(outcome), np.asarray(kept, dtype=bool)
-    counts = {o: int((kept & (outcome == o)).sum()) for o in (-1, 1)}
+    label, kept = np.asarray(label), np.asarray(kept, dtype=bool)
+    counts = {c: int((kept & (label == c)).sum()) for c in (-1, 1)}
     if not all(counts.values()):
         return advantage
     n = counts[-1] + counts[1]
-    for o, n_o in counts.items():
-        rows = kept & (outcome == o)
-        advantage[rows] *= n / (2 * n_o)
+    for c, n_c in counts.items():
+        rows = kept & (label == c)
+        advantage[rows] *= n / (2 * n_c)
     return advantage

@@ -26,13 +26,19 @@ Where we depart from the paper / authors' code, and why:
   sign(V(s_t+1) - V(s_t)) * S_ij (-2 unparsed) instead of R * S_ij, the Monte-Carlo progress of
   its step (``algo.mc_progress``); the z-score over the m judgments makes only the sign matter.
   Steps without a progress value, or with 0, do not train the RM ("no_target").
+* ``rm_balance`` (``algo.rm_balance``, off by default): the kept RM judgments of the two classes
+  (episodes won and lost; with ``progress``, steps of positive and negative progress) carry
+  equal total weight; with ``progress`` a batch of one class only trains nothing ("one_class").
+* ``rm_advantage: reward`` (``algo.rm_advantage``, off by default): a judgment's advantage is its
+  reward itself, not its z-score over the step's m judgments, so a step whose m verdicts agree
+  still trains ("zero_std" is never given) and a unanimous wrong verdict can be corrected.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from rlanything.algo.advantages import outcome_balanced, rm_advantages, step_index_advantages
+from rlanything.algo.advantages import class_balanced, rm_advantages, step_index_advantages
 from rlanything.algo.curriculum import in_band, task_accuracy
 from rlanything.algo.rewards import UNPARSEABLE_REWARD, integrated_reward, rm_consistency_reward
 
@@ -89,6 +95,7 @@ def select_samples(
     policy_band: tuple[float, float],
     outcome_weight: float,
     rm_balance: bool,
+    rm_advantage: str,
     steps: dict[str, np.ndarray] | None = None,
     progress: dict[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -108,7 +115,7 @@ def select_samples(
     ...     {"traj_id": np.array([0, 0, 1, 1]), "step_idx": np.zeros(4, int), "judge_idx": np.array([0, 1, 0, 1]),
     ...      "step_score": np.array([1, 1, 1, -1]), "parsed": np.ones(4, bool)},
     ...     {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1])},
-    ...     m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0, rm_balance=False)
+    ...     m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0, rm_balance=False, rm_advantage="zscore")
     >>> pol["reward"].tolist(), pol["advantage"].round(4).tolist(), pol["kept"].tolist()
     ([2.0, -1.0], [0.7071, -0.7071], [True, True])
     >>> rm["reward"].tolist(), rm["kept"].tolist(), rm["drop_reason"].tolist()
@@ -119,17 +126,17 @@ def select_samples(
     ...     {"traj_id": np.array([0, 0, 1, 1]), "step_idx": np.zeros(4, int), "judge_idx": np.array([0, 1, 0, 1]),
     ...      "step_score": np.array([1, 1, 1, -1]), "parsed": np.ones(4, bool)},
     ...     {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1])},
-    ...     m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=0.0, rm_balance=False)
+    ...     m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=0.0, rm_balance=False, rm_advantage="zscore")
     >>> pol["reward"].tolist(), rm["reward"].tolist()
     ([1.0, 0.0], [2.0, 2.0, -1.0, 1.0])
 
-    `rm_balance` and `progress` change what the RM is paid: see `_rm_part`.
+    `rm_balance`, `progress` and `rm_advantage` change what the RM is paid: see `_rm_part`.
 
     With m = 0 (no RM in the loop) the two trajectories give rewards O = +-1, the same z-scores, no RM sample.
     >>> none = {k: np.array([], int) for k in ("traj_id", "step_idx", "judge_idx", "step_score", "parsed")}
     >>> pol, rm = select_samples(
     ...     none, {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1])},
-    ...     m=0, lam=0.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0, rm_balance=False,
+    ...     m=0, lam=0.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0, rm_balance=False, rm_advantage="zscore",
     ...     steps={"traj_id": np.array([1, 0]), "step_idx": np.array([0, 0])})
     >>> pol["traj_id"].tolist(), pol["reward"].tolist(), pol["advantage"].round(4).tolist(), len(rm["reward"])
     ([0, 1], [1.0, -1.0], [0.7071, -0.7071], 0)
@@ -145,25 +152,52 @@ def select_samples(
         reward, policy_reward = outcome, outcome_weight * outcome
     policy = _policy_samples(keys, task_ids, policy_reward, np.asarray(in_band(task_acc, *policy_band), dtype=bool))
     in_rm_band = np.asarray(in_band(task_acc, *band), dtype=bool)
-    return policy, _rm_part(keys, task_ids, reward, score, parsed, in_rm_band, outcome, rm_balance, progress)
+    rm_args = (in_rm_band, outcome, rm_balance, progress, rm_advantage)
+    return policy, _rm_part(keys, task_ids, reward, score, parsed, *rm_args)
 
 
-def _rm_part(keys, task_ids, reward, score, parsed, in_rm_band, outcome, rm_balance, progress) -> dict:
+def _rm_part(keys, task_ids, reward, score, parsed, in_rm_band, outcome, rm_balance, progress, rm_advantage) -> dict:
     """The RM's samples of the judged steps (`_rm_samples`), paid R·S_j (-2 unparsed), or with
     `progress` (traj_id, step_idx, progress of the valued steps) sign(progress)·S_j, the steps
-    without a value dropped as no_target (`progress_signs`, `_unpaid`). With `rm_balance` solved
-    and unsolved episodes carry equal total weight in the kept advantages
-    (`advantages.outcome_balanced`; select_samples' first example keeps one outcome's
-    judgments: no change)."""
+    without a value dropped as no_target (`progress_signs`, `_unpaid`); their advantage is the
+    z-score over a step's m judgments, or with `rm_advantage` "reward" the reward itself. With
+    `rm_balance` the two classes (outcomes, or progress signs) carry equal total weight in the
+    kept advantages (`advantages.class_balanced`; select_samples' first example keeps one
+    outcome's judgments: no change), and a progress batch of one class is dropped (`_one_class`).
+
+    Worked example: progress +1 on step 0 of trajectory 0, -1 on trajectories 1 and 2, m = 2,
+    verdicts [-1, -1] everywhere. The z-score drops every step (zero_std); paid by their reward
+    they all train, [-1, -1, 1, 1, 1, 1]; balanced, the class +1 judgments weigh 6/(2*2) = 1.5
+    and the class -1 ones 6/(2*4) = 0.75.
+    >>> keys, score = np.array([[0, 0], [1, 0], [2, 0]]), -np.ones((3, 2))
+    >>> prog = {"traj_id": np.array([0, 1, 2]), "step_idx": np.zeros(3, int), "progress": np.array([.5, -.5, -.5])}
+    >>> args = (keys, np.array(["a"] * 3), np.zeros(3), score, np.ones((3, 2), bool), np.ones(3, bool), -np.ones(3))
+    >>> _rm_part(*args, False, prog, "zscore")["drop_reason"].tolist()
+    ['zero_std', 'zero_std', 'zero_std', 'zero_std', 'zero_std', 'zero_std']
+    >>> _rm_part(*args, True, prog, "reward")["advantage"].tolist()
+    [-1.5, -1.5, 0.75, 0.75, 0.75, 0.75]
+    """
     m = score.shape[1]
     target = reward if progress is None else progress_signs(keys, progress)
     rm_reward = rm_consistency_reward(target, score, parsed, unparseable_reward=UNPARSEABLE_REWARD)
-    rm = _rm_samples(keys, task_ids, rm_reward, in_rm_band)
+    rm = _rm_samples(keys, task_ids, rm_reward, in_rm_band, per_step=rm_advantage == "zscore")
     if progress is not None and m:
         rm = _unpaid(rm, target, m)
-    if rm_balance and m:  # solved and unsolved episodes weigh the same in the RM's update
-        rm["advantage"] = outcome_balanced(rm["advantage"], np.repeat(outcome, m), rm["kept"])
+    if rm_balance and m:  # both classes weigh the same in the RM's update
+        label = np.repeat(outcome if progress is None else target, m)
+        rm["advantage"] = class_balanced(rm["advantage"], label, rm["kept"])
+        if progress is not None:
+            rm = _one_class(rm, label)
     return rm
+
+
+def _one_class(rm: dict[str, np.ndarray], label: np.ndarray) -> dict[str, np.ndarray]:
+    """`rm` with every kept judgment dropped as "one_class" when all of them have one label:
+    such a batch can only move the judge's prior (measured: a first batch of 27 judgments of
+    setbacks took SmolLM2's +1 share from 0.77 to 0.31, docs/judge.md)."""
+    if len(np.unique(label[rm["kept"]])) != 1:
+        return rm
+    return rm | {"kept": np.zeros_like(rm["kept"]), "drop_reason": np.where(rm["kept"], "one_class", rm["drop_reason"])}
 
 
 def _unpaid(rm: dict[str, np.ndarray], target: np.ndarray, m: int) -> dict[str, np.ndarray]:
@@ -225,12 +259,16 @@ def _policy_samples(
 
 
 def _rm_samples(
-    keys: np.ndarray, task_ids: np.ndarray, rm_reward: np.ndarray, in_rm_band: np.ndarray
+    keys: np.ndarray, task_ids: np.ndarray, rm_reward: np.ndarray, in_rm_band: np.ndarray, per_step: bool = True
 ) -> dict[str, np.ndarray]:
     """The RM's samples: one per judgment of the N steps `keys` (N, 2), rewards (N, m), each
-    step's task in the RM band (N,) bool -> dict of (N*m,) arrays, judgments of a step in a row."""
+    step's task in the RM band (N,) bool -> dict of (N*m,) arrays, judgments of a step in a row.
+    Advantages: the z-score over a step's m judgments (`per_step`, the paper), else the reward."""
     m = rm_reward.shape[1]
-    rm_adv, rm_valid = rm_advantages(rm_reward)
+    if per_step:
+        rm_adv, rm_valid = rm_advantages(rm_reward)
+    else:
+        rm_adv, rm_valid = rm_reward.astype(np.float64), np.ones(len(rm_reward), dtype=bool)
     rm_ok = np.repeat(in_rm_band, m)
     valid = np.repeat(rm_valid, m)
     zero = valid & (rm_adv.ravel() == 0)

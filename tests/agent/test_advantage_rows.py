@@ -33,6 +33,7 @@ def test_policy_and_rm_samples_by_hand():
         policy_band=(0.125, 0.875),
         outcome_weight=1.0,
         rm_balance=False,
+        rm_advantage="zscore",
     )
     policy = out[out.kind == "policy"].set_index(["traj_id", "step_idx"])
     # R = O + mean S: (0,0) 1+1 = 2; (0,1) 1+0 = 1; (1,0) -1 + (-1+0)/2 = -1.5; (2,0) -1+1 = 0
@@ -75,7 +76,15 @@ def test_policy_and_rm_samples_by_hand():
 def test_lambda_zero_is_the_outcome_only_baseline():
     outcomes, judgments = frames()
     out = compute_samples(
-        outcomes, judgments, m=2, lam=0.0, band=(0, 1), policy_band=(0, 1), outcome_weight=1.0, rm_balance=False
+        outcomes,
+        judgments,
+        m=2,
+        lam=0.0,
+        band=(0, 1),
+        policy_band=(0, 1),
+        outcome_weight=1.0,
+        rm_balance=False,
+        rm_advantage="zscore",
     )
     policy = out[out.kind == "policy"].set_index(["traj_id", "step_idx"])
     assert policy.reward.to_dict() == {(0, 0): 1.0, (0, 1): 1.0, (1, 0): -1.0, (2, 0): -1.0}
@@ -123,7 +132,7 @@ def test_judging_only_the_trainable_tasks_leaves_every_kept_sample_as_it_was():
     outcomes, judgments = frames()
     outcomes = outcomes.assign(valid=True, pending=False)
     bands = dict(band=(0.2, 0.8), policy_band=(0.125, 0.875))
-    weights = dict(outcome_weight=1.0, rm_balance=False)
+    weights = dict(outcome_weight=1.0, rm_balance=False, rm_advantage="zscore")
     path = Path(__file__).resolve().parents[2] / "configs" / "smollm2-textworld.yaml"
     sets = [f"algo.band={list(bands['band'])}", f"algo.policy_band={list(bands['policy_band'])}"]
     config = lambda only: load_config(path, [*sets, f"rm.judge_trainable_only={only}"])  # noqa: E731

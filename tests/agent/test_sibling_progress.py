@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from rlanything.agent.branching import progress_rows
+from rlanything.agent.judging import can_train
 from rlanything.config import build_config
 
 # task A, played 4 times (accuracy 1/2, inside the RM band) plus one invalid episode; task B,
@@ -40,8 +41,8 @@ def frames() -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
     return frames, outcomes[outcomes.valid]
 
 
-def config(source: str):
-    algo = {"rm_target": "progress", "progress_source": source, "progress_steps": 1}
+def config(source: str, rm_advantage: str = "zscore"):
+    algo = {"rm_target": "progress", "progress_source": source, "progress_steps": 1, "rm_advantage": rm_advantage}
     return build_config({"algo": algo, "rm": {"role": "judge", "judgments_per_step": 2}})
 
 
@@ -68,3 +69,13 @@ def test_every_trainable_step_is_valued_from_the_episodes_through_its_states():
 def test_nothing_to_value_writes_nothing():
     frame, judged = frames()
     assert progress_rows(config("siblings"), None, 0, frame, judged, {(5, 0)}) == ([], {"progress/steps": 0})
+
+
+def test_unanimous_verdicts_are_valued_only_where_they_can_train():
+    """Under the paper's z-score a step whose m verdicts agree cannot train the RM, so it is not
+    valued; paid by the reward itself (algo.rm_advantage reward) it can, and is."""
+    judged = pd.DataFrame(
+        {"traj_id": [0, 0, 1, 1], "step_idx": [0, 0, 0, 0], "step_score": [1, -1, -1, -1], "parsed": [True] * 4}
+    )
+    assert can_train(judged, config("siblings")) == {(0, 0)}
+    assert can_train(judged, config("siblings", "reward")) == {(0, 0), (1, 0)}

@@ -57,6 +57,7 @@ def test_select_samples_refuses_a_step_with_too_few_judgments():
             policy_band=(0, 1),
             outcome_weight=1.0,
             rm_balance=False,
+            rm_advantage="zscore",
         )
 
 
@@ -71,6 +72,7 @@ def test_select_samples_refuses_judgments_of_unknown_trajectories():
             policy_band=(0, 1),
             outcome_weight=1.0,
             rm_balance=False,
+            rm_advantage="zscore",
         )
 
 
@@ -96,7 +98,15 @@ def test_select_samples_by_hand():
     jud = judgments([rows[i] for i in order])
     traj = trajectories([0, 1, 2, 3], ["a", "a", "b", "a"], [1, -1, -1, 1])
     pol, rm = select_samples(
-        jud, traj, m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0, rm_balance=False
+        jud,
+        traj,
+        m=2,
+        lam=1.0,
+        band=(0.2, 0.8),
+        policy_band=(0.2, 0.8),
+        outcome_weight=1.0,
+        rm_balance=False,
+        rm_advantage="zscore",
     )
     # steps sorted (0,0) (0,1) (1,0) (2,0) (3,0); R = O + mean S: 2, 1, -1.5, 0, 1
     assert pol["traj_id"].tolist() == [0, 0, 1, 2, 3] and pol["step_idx"].tolist() == [0, 1, 0, 0, 0]
@@ -135,8 +145,8 @@ def test_rm_balance_gives_solved_and_unsolved_episodes_equal_weight_by_hand():
     rows += [(2, 0, 0, 1), (2, 0, 1, 1), (3, 0, 0, 1), (3, 0, 1, -1)]
     traj = trajectories([0, 1, 2, 3], ["a", "a", "b", "a"], [1, -1, -1, 1])
     args = dict(m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0)
-    plain_pol, plain = select_samples(judgments(rows), traj, **args, rm_balance=False)
-    pol, rm = select_samples(judgments(rows), traj, **args, rm_balance=True)
+    plain_pol, plain = select_samples(judgments(rows), traj, **args, rm_balance=False, rm_advantage="zscore")
+    pol, rm = select_samples(judgments(rows), traj, **args, rm_balance=True, rm_advantage="zscore")
     z = 1 / (np.sqrt(2) + 1e-6)  # [1, -1] and [1.5, -2] both z-score to +-0.7071
     assert plain["advantage"][[2, 3, 4, 5, 8, 9]] == pytest.approx([z, -z, z, -z, z, -z], abs=1e-6)
     expected = [0.0, 0.0, 0.75 * z, -0.75 * z, 1.5 * z, -1.5 * z, 0.0, 0.0, 0.75 * z, -0.75 * z]
@@ -159,6 +169,7 @@ def test_rm_balance_leaves_a_batch_with_one_outcome_alone():
         policy_band=(0.2, 0.8),
         outcome_weight=1.0,
         rm_balance=False,
+        rm_advantage="zscore",
     )
     _, rm = select_samples(
         judgments(rows),
@@ -169,6 +180,7 @@ def test_rm_balance_leaves_a_batch_with_one_outcome_alone():
         policy_band=(0.2, 0.8),
         outcome_weight=1.0,
         rm_balance=True,
+        rm_advantage="zscore",
     )
     assert rm["kept"].tolist() == [True] * 4 + [False] * 2  # the won episode's two -1s: zero_std
     assert rm["advantage"].tolist() == plain["advantage"].tolist()
@@ -183,7 +195,15 @@ def test_a_policy_sample_at_its_group_mean_is_dropped_whatever_the_float_noise()
     jud = judgments([(t, 0, j, sc) for t, row in enumerate(scores) for j, sc in enumerate(row)])
     traj = trajectories([0, 1, 2, 3], ["a"] * 4, [-1, -1, -1, 1])
     pol, rm = select_samples(
-        jud, traj, m=4, lam=0.8, band=(0, 1), policy_band=(0, 1), outcome_weight=1.0, rm_balance=False
+        jud,
+        traj,
+        m=4,
+        lam=0.8,
+        band=(0, 1),
+        policy_band=(0, 1),
+        outcome_weight=1.0,
+        rm_balance=False,
+        rm_advantage="zscore",
     )
     reward = pol["reward"]
     assert reward[2] - np.bincount(np.zeros(4, dtype=np.int64), weights=reward)[0] / 4 != 0.0  # the noise is real
@@ -210,6 +230,7 @@ def test_an_rm_judgment_at_its_sets_mean_is_dropped_as_zero_advantage():
         policy_band=(0, 1),
         outcome_weight=1.0,
         rm_balance=False,
+        rm_advantage="zscore",
     )
     assert rm["reward"].tolist() == [1.0, -1.0, -2.0, -2.0]
     assert rm["advantage"][1] == 0.0 and rm["advantage"][0] > 0 > rm["advantage"][2]
@@ -236,6 +257,7 @@ def test_select_samples_without_judgments_by_hand():
         steps=steps,
         outcome_weight=1.0,
         rm_balance=False,
+        rm_advantage="zscore",
     )
     assert pol["traj_id"].tolist() == [0, 0, 1, 2, 3] and pol["step_idx"].tolist() == [0, 1, 0, 0, 0]
     assert pol["reward"].tolist() == [1.0, 1.0, -1.0, -1.0, 1.0]
@@ -246,7 +268,16 @@ def test_select_samples_without_judgments_by_hand():
     assert pol["kept"].tolist() == [True, True, True, False, True]  # task b (accuracy 0) out of band
     assert all(len(column) == 0 for column in rm.values())  # no judgment, no RM sample
     half = select_samples(
-        NONE, traj, m=0, lam=0.0, band=(0, 1), policy_band=(0, 1), steps=steps, outcome_weight=0.5, rm_balance=False
+        NONE,
+        traj,
+        m=0,
+        lam=0.0,
+        band=(0, 1),
+        policy_band=(0, 1),
+        steps=steps,
+        outcome_weight=0.5,
+        rm_balance=False,
+        rm_advantage="zscore",
     )
     assert half[0]["reward"].tolist() == [0.5, 0.5, -0.5, -0.5, 0.5]
 
@@ -283,6 +314,7 @@ def test_select_samples_without_judgments_refuses_what_it_cannot_mean(given, lam
             steps=args[1],
             outcome_weight=1.0,
             rm_balance=False,
+            rm_advantage="zscore",
         )
 
 
@@ -296,7 +328,7 @@ def test_select_samples_pays_the_rm_for_progress_by_hand():
     progress = {"traj_id": np.array([0, 0, 1, 2]), "step_idx": np.array([0, 1, 0, 0])}
     progress["progress"] = np.array([-0.5, 1.0, 0.0, 0.5])
     args = {"m": 2, "lam": 1.0, "band": (0.2, 0.8), "policy_band": (0.2, 0.8), "outcome_weight": 1.0}
-    pol, rm = select_samples(judgments(rows), traj, **args, rm_balance=False, progress=progress)
+    pol, rm = select_samples(judgments(rows), traj, **args, rm_balance=False, rm_advantage="zscore", progress=progress)
     # (0,0): -1 * [1, 1] equal -> zero_std; (0,1): [1, -1]; (1,0): progress 0: 0 * -1, and -2 unparsed,
     # but no target; (2,0): out of band; (3,0): no value -> no target
     assert rm["reward"].tolist() == [-1.0, -1.0, 1.0, -1.0, -0.0, -2.0, 1.0, 1.0, 0.0, -0.0]
@@ -315,3 +347,38 @@ def test_select_samples_pays_the_rm_for_progress_by_hand():
     assert rm["kept"].tolist() == [False, False, True, True] + [False] * 6
     # the policy's reward is the paper's, whatever the RM is paid for
     assert pol["reward"].tolist() == [2.0, 1.0, -1.5, 0.0, 1.0]
+
+
+def test_the_rm_paid_its_reward_and_balanced_by_progress_sign_by_hand():
+    """algo.rm_advantage reward with algo.rm_balance, on the rows above with (1,0) valued -1.0:
+    (0,0) target -1, verdicts [1, 1] -> rewards [-1, -1], kept although they agree; (0,1) target
+    +1 -> [1, -1]; (1,0) target -1, verdicts [-1, unparsed] -> [1, -2]. Kept: 4 judgments of
+    class -1, 2 of class +1 (n = 6): weights 6/8 and 6/4."""
+    rows = [(0, 0, 0, 1), (0, 0, 1, 1), (0, 1, 0, 1), (0, 1, 1, -1), (1, 0, 0, -1), (1, 0, 1, 0)]
+    rows += [(2, 0, 0, 1), (2, 0, 1, 1), (3, 0, 0, 1), (3, 0, 1, -1)]
+    traj = trajectories([0, 1, 2, 3], ["a", "a", "b", "a"], [1, -1, -1, 1])
+    progress = {"traj_id": np.array([0, 0, 1, 2]), "step_idx": np.array([0, 1, 0, 0])}
+    progress["progress"] = np.array([-0.5, 1.0, -1.0, 0.5])
+    args = {"m": 2, "lam": 1.0, "band": (0.2, 0.8), "policy_band": (0.2, 0.8), "outcome_weight": 1.0}
+    _, plain = select_samples(judgments(rows), traj, **args, rm_balance=False, rm_advantage="reward", progress=progress)
+    _, rm = select_samples(judgments(rows), traj, **args, rm_balance=True, rm_advantage="reward", progress=progress)
+    assert plain["advantage"].tolist() == [-1.0, -1.0, 1.0, -1.0, 1.0, -2.0, 1.0, 1.0, 0.0, 0.0]
+    assert rm["advantage"].tolist() == [-0.75, -0.75, 1.5, -1.5, 0.75, -1.5, 1.0, 1.0, 0.0, 0.0]
+    assert rm["kept"].tolist() == [True] * 6 + [False] * 4
+    assert rm["drop_reason"].tolist() == [None] * 6 + ["out_of_band"] * 2 + ["no_target"] * 2
+
+
+@pytest.mark.parametrize("rm_advantage", ["zscore", "reward"])
+def test_a_progress_batch_of_one_class_does_not_train_the_rm_when_balanced(rm_advantage):
+    """Every valued step a setback: balancing has nothing to weigh against, and such a batch only
+    moves the judge's prior, so its judgments are dropped as one_class (unbalanced they train)."""
+    rows = [(0, 0, 0, 1), (0, 0, 1, -1), (1, 0, 0, -1), (1, 0, 1, 1)]
+    traj = trajectories([0, 1], ["a", "a"], [1, -1])
+    progress = {"traj_id": np.array([0, 1]), "step_idx": np.array([0, 0]), "progress": np.array([-0.5, -1.0])}
+    args = {"m": 2, "lam": 1.0, "band": (0.2, 0.8), "policy_band": (0.2, 0.8), "outcome_weight": 1.0}
+    _, plain = select_samples(
+        judgments(rows), traj, **args, rm_balance=False, rm_advantage=rm_advantage, progress=progress
+    )
+    _, rm = select_samples(judgments(rows), traj, **args, rm_balance=True, rm_advantage=rm_advantage, progress=progress)
+    assert plain["kept"].all() and not rm["kept"].any()
+    assert rm["drop_reason"].tolist() == ["one_class"] * 4

@@ -74,11 +74,13 @@ def test_sampled_steps_are_valued_and_only_their_judgments_are_paid(run):
 @pytest.fixture(scope="module")
 def siblings_run(prefect_server, tmp_path_factory):
     """The values read from the episodes themselves: no continuation played, and
-    `progress_steps` does not apply (set to 1, below the steps that can train)."""
+    `progress_steps` does not apply (set to 1, below the steps that can train). The RM paid its
+    reward itself (`algo.rm_advantage`), so steps whose verdicts agree can train too, and balanced
+    (tiny random models lose every game here: its advantages are checked by hand in
+    tests/algo/test_samples.py)."""
     root = tmp_path_factory.mktemp("runs")
-    return progress_run(
-        root, "tw-siblings", "policy.group_size=4", "algo.progress_source=siblings", "algo.progress_steps=1"
-    )
+    overrides = ["algo.progress_source=siblings", "algo.progress_steps=1", "algo.rm_advantage=reward"]
+    return progress_run(root, "tw-siblings", "policy.group_size=4", "algo.rm_balance=true", *overrides)
 
 
 def test_siblings_value_every_trainable_step_from_the_episodes_that_passed_its_states(siblings_run):
@@ -93,12 +95,12 @@ def test_siblings_value_every_trainable_step_from_the_episodes_that_passed_its_s
     judgments = read_table(layout.artifact(0, "judgments"), schemas.JUDGMENTS)
     metrics = json.loads((layout.iter_dir(0) / "summary.json").read_text())
     assert not any(key.startswith("progress/continuations") for key in metrics)  # nothing played
-    # every step before its episode's last whose verdicts differ, in a task inside the band
+    # every judged step before its episode's last in a task inside the band, unanimous verdicts too
     band = tasks_in_bands(outcomes.outcome.to_numpy(), outcomes.task_id.to_numpy(), config.algo.band)
+    judged = set(zip(judgments.traj_id, judgments.step_idx))
+    trainable = {(t, s) for t, s in judged if s < outcomes.num_steps[t] - 1 and outcomes.task_id[t] in band}
     kinds = judgments.groupby(["traj_id", "step_idx"])[["step_score", "parsed"]].nunique().max(axis=1)
-    trainable = {
-        (t, s) for (t, s), n in kinds.items() if n > 1 and s < outcomes.num_steps[t] - 1 and outcomes.task_id[t] in band
-    }
+    assert any(kinds[key] == 1 for key in trainable)  # a step whose verdicts agree is valued too
     assert set(zip(progress.traj_id, progress.step_idx)) == trainable
     assert len(progress) == metrics["progress/steps"] and len(trainable) > 1  # more than progress_steps
     # V(after k steps): the mean outcome of the task's episodes whose first k (action, observation)
