@@ -52,11 +52,14 @@ def cli_command(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "rlanything.cli", *args]
 
 
-def start(args: list[str], options: dict) -> subprocess.Popen:
+def start(args: list[str], options: dict, again: bool = True) -> subprocess.Popen:
     """`rlanything ARGS` with Popen's `options`, by a waiting spare when one matches; its tag
-    (`proc.tag`: the TAG variable it was started with, or None) is the one to look for."""
+    (`proc.tag`: the TAG variable it was started with, or None) is the one to look for.
+    `again=False`: no later command has these options (a folder or a variable of the test's
+    own), so no spare is started for one: it would import for nothing beside the command, on the
+    same 2 cores, and push out a spare that a later command takes (MAX_SPARES)."""
     key = _key(options)
-    if key is None:  # not one a spare can take: a cold start, as before
+    if key is None or not (again or key in _spares):  # not one a spare can take: a cold start, as before
         proc = subprocess.Popen(cli_command(args), **options)
         proc.tag = options.get("env", {}).get(TAG)
         return proc
@@ -64,9 +67,10 @@ def start(args: list[str], options: dict) -> subprocess.Popen:
     proc.stdin.write(json.dumps({"args": args, "env": _runtime_env(options)}) + "\n")
     proc.stdin.close()
     proc.stdin = None  # as a cold start's: communicate() must not flush it
-    if len(_spares) >= MAX_SPARES:
-        _kill(_spares.pop(next(iter(_spares))))
-    _spares[key] = _spare(options)  # the next command's, started while this one runs
+    if again:
+        if len(_spares) >= MAX_SPARES:
+            _kill(_spares.pop(next(iter(_spares))))
+        _spares[key] = _spare(options)  # the next command's, started while this one runs
     return proc
 
 

@@ -223,7 +223,7 @@ def test_a_ray_client_address_drives_the_same_workers(local_run, ray_cluster, pr
         for o in ["run.seed=3", "run.plots=false", "run.executor=ray", f"run.ray_address={CLIENT[ray_cluster]}"]
         for a in ("--set", o)
     ]
-    proc = cli(args, prefect_api_url)
+    proc = cli(args, prefect_api_url, again=False)  # the cluster's token in its environment: no other command's
     out = finish(proc)
     assert proc.returncode == 0 and "Traceback" not in out, out[-3000:]
     assert_same_files(RunLayout(tmp_path / "client"), local_run)

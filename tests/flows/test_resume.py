@@ -62,9 +62,10 @@ def cli_options(api_url: str, stdout=subprocess.PIPE, fault: str | None = None) 
     return dict(env=env, cwd=REPO, text=True, stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def cli(args: list[str], api_url: str, fault: str | None = None) -> subprocess.Popen:
-    """`rlanything ARGS` in a subprocess, in its own process group (by a spare: cli_spares)."""
-    return start(args, cli_options(api_url, fault=fault))
+def cli(args: list[str], api_url: str, fault: str | None = None, again: bool = True) -> subprocess.Popen:
+    """`rlanything ARGS` in a subprocess, in its own process group (by a spare: cli_spares;
+    `again=False` where no later command runs in the same environment)."""
+    return start(args, cli_options(api_url, fault=fault), again)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 420) -> str:

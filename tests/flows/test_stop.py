@@ -69,7 +69,8 @@ class Command:
         options["cwd"] = cwd or options["cwd"]
         if sigint_ignored:  # as a shell starts a background job: SIGINT (and SIGQUIT) ignored
             options["preexec_fn"] = partial(signal.signal, signal.SIGINT, signal.SIG_IGN)
-        self.proc = start(args, options)  # by a spare when one fits: its own tag then
+        # by a spare when one fits: its own tag then; a folder or a poll of its own: no spare for the next
+        self.proc = start(args, options, again=api_url is not None and cwd is None and not poll_s)
         self.tag = self.proc.tag
         self.lines: list[tuple[float, str]] = []
         self.signalled = threading.Event()
