@@ -120,7 +120,8 @@ def trainable_steps(steps: pd.DataFrame, judged: pd.DataFrame, config: Config, c
     kept = judged[judged.task_id.isin(tasks)].traj_id
     pool = steps[steps.traj_id.isin(kept)]
     pool = pool[pool.step_idx < pool.traj_id.map(last)]
-    pool = pool[[(int(t), int(k)) in can_train for t, k in zip(pool.traj_id, pool.step_idx)]]
+    # a boolean array, not a list: an empty list would select no columns instead of no rows
+    pool = pool[np.array([(int(t), int(k)) in can_train for t, k in zip(pool.traj_id, pool.step_idx)], dtype=bool)]
     return pool.sort_values(["traj_id", "step_idx"])
 
 

@@ -79,3 +79,14 @@ def test_unanimous_verdicts_are_valued_only_where_they_can_train():
     )
     assert can_train(judged, config("siblings")) == {(0, 0)}
     assert can_train(judged, config("siblings", "reward")) == {(0, 0), (1, 0)}
+
+
+def test_no_judged_task_inside_the_band_values_nothing():
+    """Only task B's episodes judged (both lost: outside the band): no step to value, and no
+    error (an empty pick once selected no columns instead of no rows: KeyError 'traj_id')."""
+    frame, judged = frames()
+    only_b = judged[judged.task_id == "B"]
+    assert progress_rows(config("siblings", "reward"), None, 0, frame, only_b, {(5, 0), (6, 0)}) == (
+        [],
+        {"progress/steps": 0},
+    )
