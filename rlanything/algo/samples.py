@@ -115,7 +115,8 @@ def select_samples(
     ...     {"traj_id": np.array([0, 0, 1, 1]), "step_idx": np.zeros(4, int), "judge_idx": np.array([0, 1, 0, 1]),
     ...      "step_score": np.array([1, 1, 1, -1]), "parsed": np.ones(4, bool)},
     ...     {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1])},
-    ...     m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0, rm_balance=False, rm_advantage="zscore")
+    ...     m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0, rm_balance=False,
+    ...     rm_advantage="zscore")
     >>> pol["reward"].tolist(), pol["advantage"].round(4).tolist(), pol["kept"].tolist()
     ([2.0, -1.0], [0.7071, -0.7071], [True, True])
     >>> rm["reward"].tolist(), rm["kept"].tolist(), rm["drop_reason"].tolist()
@@ -126,7 +127,8 @@ def select_samples(
     ...     {"traj_id": np.array([0, 0, 1, 1]), "step_idx": np.zeros(4, int), "judge_idx": np.array([0, 1, 0, 1]),
     ...      "step_score": np.array([1, 1, 1, -1]), "parsed": np.ones(4, bool)},
     ...     {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1])},
-    ...     m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=0.0, rm_balance=False, rm_advantage="zscore")
+    ...     m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=0.0, rm_balance=False,
+    ...     rm_advantage="zscore")
     >>> pol["reward"].tolist(), rm["reward"].tolist()
     ([1.0, 0.0], [2.0, 2.0, -1.0, 1.0])
 
@@ -136,8 +138,8 @@ def select_samples(
     >>> none = {k: np.array([], int) for k in ("traj_id", "step_idx", "judge_idx", "step_score", "parsed")}
     >>> pol, rm = select_samples(
     ...     none, {"traj_id": np.array([0, 1]), "task_id": np.array(["a", "a"]), "outcome": np.array([1, -1])},
-    ...     m=0, lam=0.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0, rm_balance=False, rm_advantage="zscore",
-    ...     steps={"traj_id": np.array([1, 0]), "step_idx": np.array([0, 0])})
+    ...     m=0, lam=0.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0, rm_balance=False,
+    ...     rm_advantage="zscore", steps={"traj_id": np.array([1, 0]), "step_idx": np.array([0, 0])})
     >>> pol["traj_id"].tolist(), pol["reward"].tolist(), pol["advantage"].round(4).tolist(), len(rm["reward"])
     ([0, 1], [1.0, -1.0], [0.7071, -0.7071], 0)
     """
@@ -152,8 +154,9 @@ def select_samples(
         reward, policy_reward = outcome, outcome_weight * outcome
     policy = _policy_samples(keys, task_ids, policy_reward, np.asarray(in_band(task_acc, *policy_band), dtype=bool))
     in_rm_band = np.asarray(in_band(task_acc, *band), dtype=bool)
-    rm_args = (in_rm_band, outcome, rm_balance, progress, rm_advantage)
-    return policy, _rm_part(keys, task_ids, reward, score, parsed, *rm_args)
+    return policy, _rm_part(
+        keys, task_ids, reward, score, parsed, in_rm_band, outcome, rm_balance, progress, rm_advantage
+    )
 
 
 def _rm_part(keys, task_ids, reward, score, parsed, in_rm_band, outcome, rm_balance, progress, rm_advantage) -> dict:
@@ -259,7 +262,7 @@ def _policy_samples(
 
 
 def _rm_samples(
-    keys: np.ndarray, task_ids: np.ndarray, rm_reward: np.ndarray, in_rm_band: np.ndarray, per_step: bool = True
+    keys: np.ndarray, task_ids: np.ndarray, rm_reward: np.ndarray, in_rm_band: np.ndarray, per_step: bool
 ) -> dict[str, np.ndarray]:
     """The RM's samples: one per judgment of the N steps `keys` (N, 2), rewards (N, m), each
     step's task in the RM band (N,) bool -> dict of (N*m,) arrays, judgments of a step in a row.

@@ -6,6 +6,9 @@ import pytest
 from rlanything.agent.advantage_rows import compute_samples
 from rlanything.agent.update_data import to_samples
 
+# the paper's payment of the RM's judgments (algo.rm_balance off, algo.rm_advantage zscore)
+PAPER_RM = {"rm_balance": False, "rm_advantage": "zscore"}
+
 
 def frames():
     # task a: trajectories 0 (won, 2 steps) and 1 (lost, 1 step); task b: trajectory 2 (lost)
@@ -25,15 +28,7 @@ def frames():
 def test_policy_and_rm_samples_by_hand():
     outcomes, judgments = frames()
     out = compute_samples(
-        outcomes,
-        judgments,
-        m=2,
-        lam=1.0,
-        band=(0.2, 0.8),
-        policy_band=(0.125, 0.875),
-        outcome_weight=1.0,
-        rm_balance=False,
-        rm_advantage="zscore",
+        outcomes, judgments, m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.125, 0.875), outcome_weight=1.0, **PAPER_RM
     )
     policy = out[out.kind == "policy"].set_index(["traj_id", "step_idx"])
     # R = O + mean S: (0,0) 1+1 = 2; (0,1) 1+0 = 1; (1,0) -1 + (-1+0)/2 = -1.5; (2,0) -1+1 = 0
@@ -76,15 +71,7 @@ def test_policy_and_rm_samples_by_hand():
 def test_lambda_zero_is_the_outcome_only_baseline():
     outcomes, judgments = frames()
     out = compute_samples(
-        outcomes,
-        judgments,
-        m=2,
-        lam=0.0,
-        band=(0, 1),
-        policy_band=(0, 1),
-        outcome_weight=1.0,
-        rm_balance=False,
-        rm_advantage="zscore",
+        outcomes, judgments, m=2, lam=0.0, band=(0, 1), policy_band=(0, 1), outcome_weight=1.0, **PAPER_RM
     )
     policy = out[out.kind == "policy"].set_index(["traj_id", "step_idx"])
     assert policy.reward.to_dict() == {(0, 0): 1.0, (0, 1): 1.0, (1, 0): -1.0, (2, 0): -1.0}
@@ -132,7 +119,7 @@ def test_judging_only_the_trainable_tasks_leaves_every_kept_sample_as_it_was():
     outcomes, judgments = frames()
     outcomes = outcomes.assign(valid=True, pending=False)
     bands = dict(band=(0.2, 0.8), policy_band=(0.125, 0.875))
-    weights = dict(outcome_weight=1.0, rm_balance=False, rm_advantage="zscore")
+    weights = dict(outcome_weight=1.0, **PAPER_RM)
     path = Path(__file__).resolve().parents[2] / "configs" / "smollm2-textworld.yaml"
     sets = [f"algo.band={list(bands['band'])}", f"algo.policy_band={list(bands['policy_band'])}"]
     config = lambda only: load_config(path, [*sets, f"rm.judge_trainable_only={only}"])  # noqa: E731

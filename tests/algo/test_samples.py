@@ -7,6 +7,9 @@ import pytest
 
 from rlanything.algo.samples import judgment_matrix, select_samples
 
+# the paper's payment of the RM's judgments (algo.rm_balance off, algo.rm_advantage zscore)
+PAPER_RM = {"rm_balance": False, "rm_advantage": "zscore"}
+
 
 def judgments(rows):
     """rows of (traj_id, step_idx, judge_idx, step_score) -> the column dict."""
@@ -56,8 +59,7 @@ def test_select_samples_refuses_a_step_with_too_few_judgments():
             band=(0, 1),
             policy_band=(0, 1),
             outcome_weight=1.0,
-            rm_balance=False,
-            rm_advantage="zscore",
+            **PAPER_RM,
         )
 
 
@@ -71,8 +73,7 @@ def test_select_samples_refuses_judgments_of_unknown_trajectories():
             band=(0, 1),
             policy_band=(0, 1),
             outcome_weight=1.0,
-            rm_balance=False,
-            rm_advantage="zscore",
+            **PAPER_RM,
         )
 
 
@@ -98,15 +99,7 @@ def test_select_samples_by_hand():
     jud = judgments([rows[i] for i in order])
     traj = trajectories([0, 1, 2, 3], ["a", "a", "b", "a"], [1, -1, -1, 1])
     pol, rm = select_samples(
-        jud,
-        traj,
-        m=2,
-        lam=1.0,
-        band=(0.2, 0.8),
-        policy_band=(0.2, 0.8),
-        outcome_weight=1.0,
-        rm_balance=False,
-        rm_advantage="zscore",
+        jud, traj, m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0, **PAPER_RM
     )
     # steps sorted (0,0) (0,1) (1,0) (2,0) (3,0); R = O + mean S: 2, 1, -1.5, 0, 1
     assert pol["traj_id"].tolist() == [0, 0, 1, 2, 3] and pol["step_idx"].tolist() == [0, 1, 0, 0, 0]
@@ -145,7 +138,7 @@ def test_rm_balance_gives_solved_and_unsolved_episodes_equal_weight_by_hand():
     rows += [(2, 0, 0, 1), (2, 0, 1, 1), (3, 0, 0, 1), (3, 0, 1, -1)]
     traj = trajectories([0, 1, 2, 3], ["a", "a", "b", "a"], [1, -1, -1, 1])
     args = dict(m=2, lam=1.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0)
-    plain_pol, plain = select_samples(judgments(rows), traj, **args, rm_balance=False, rm_advantage="zscore")
+    plain_pol, plain = select_samples(judgments(rows), traj, **args, **PAPER_RM)
     pol, rm = select_samples(judgments(rows), traj, **args, rm_balance=True, rm_advantage="zscore")
     z = 1 / (np.sqrt(2) + 1e-6)  # [1, -1] and [1.5, -2] both z-score to +-0.7071
     assert plain["advantage"][[2, 3, 4, 5, 8, 9]] == pytest.approx([z, -z, z, -z, z, -z], abs=1e-6)
@@ -161,15 +154,7 @@ def test_rm_balance_leaves_a_batch_with_one_outcome_alone():
     rows = [(0, 0, 0, 1), (0, 0, 1, -1), (1, 0, 0, -1), (1, 0, 1, 1), (2, 0, 0, -1), (2, 0, 1, -1)]
     traj = trajectories([0, 1, 2], ["a", "a", "a"], [-1, -1, 1])  # accuracy 1/3: in band
     _, plain = select_samples(
-        judgments(rows),
-        traj,
-        m=2,
-        lam=0.0,
-        band=(0.2, 0.8),
-        policy_band=(0.2, 0.8),
-        outcome_weight=1.0,
-        rm_balance=False,
-        rm_advantage="zscore",
+        judgments(rows), traj, m=2, lam=0.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), outcome_weight=1.0, **PAPER_RM
     )
     _, rm = select_samples(
         judgments(rows),
@@ -194,17 +179,7 @@ def test_a_policy_sample_at_its_group_mean_is_dropped_whatever_the_float_noise()
     scores = [[-1, 0, 0, 0], [-1, -1, -1, -1], [1, 1, 1, 0], [1, 1, 1, 1]]
     jud = judgments([(t, 0, j, sc) for t, row in enumerate(scores) for j, sc in enumerate(row)])
     traj = trajectories([0, 1, 2, 3], ["a"] * 4, [-1, -1, -1, 1])
-    pol, rm = select_samples(
-        jud,
-        traj,
-        m=4,
-        lam=0.8,
-        band=(0, 1),
-        policy_band=(0, 1),
-        outcome_weight=1.0,
-        rm_balance=False,
-        rm_advantage="zscore",
-    )
+    pol, rm = select_samples(jud, traj, m=4, lam=0.8, band=(0, 1), policy_band=(0, 1), outcome_weight=1.0, **PAPER_RM)
     reward = pol["reward"]
     assert reward[2] - np.bincount(np.zeros(4, dtype=np.int64), weights=reward)[0] / 4 != 0.0  # the noise is real
     assert pol["advantage"][2] == 0.0  # exactly
@@ -229,8 +204,7 @@ def test_an_rm_judgment_at_its_sets_mean_is_dropped_as_zero_advantage():
         band=(0, 1),
         policy_band=(0, 1),
         outcome_weight=1.0,
-        rm_balance=False,
-        rm_advantage="zscore",
+        **PAPER_RM,
     )
     assert rm["reward"].tolist() == [1.0, -1.0, -2.0, -2.0]
     assert rm["advantage"][1] == 0.0 and rm["advantage"][0] > 0 > rm["advantage"][2]
@@ -248,16 +222,7 @@ def test_select_samples_without_judgments_by_hand():
     traj = trajectories([0, 1, 2, 3], ["a", "a", "b", "a"], [1, -1, -1, 1])
     steps = {"traj_id": np.array([3, 0, 2, 1, 0]), "step_idx": np.array([0, 1, 0, 0, 0])}  # any order
     pol, rm = select_samples(
-        NONE,
-        traj,
-        m=0,
-        lam=0.0,
-        band=(0.2, 0.8),
-        policy_band=(0.2, 0.8),
-        steps=steps,
-        outcome_weight=1.0,
-        rm_balance=False,
-        rm_advantage="zscore",
+        NONE, traj, m=0, lam=0.0, band=(0.2, 0.8), policy_band=(0.2, 0.8), steps=steps, outcome_weight=1.0, **PAPER_RM
     )
     assert pol["traj_id"].tolist() == [0, 0, 1, 2, 3] and pol["step_idx"].tolist() == [0, 1, 0, 0, 0]
     assert pol["reward"].tolist() == [1.0, 1.0, -1.0, -1.0, 1.0]
@@ -268,16 +233,7 @@ def test_select_samples_without_judgments_by_hand():
     assert pol["kept"].tolist() == [True, True, True, False, True]  # task b (accuracy 0) out of band
     assert all(len(column) == 0 for column in rm.values())  # no judgment, no RM sample
     half = select_samples(
-        NONE,
-        traj,
-        m=0,
-        lam=0.0,
-        band=(0, 1),
-        policy_band=(0, 1),
-        steps=steps,
-        outcome_weight=0.5,
-        rm_balance=False,
-        rm_advantage="zscore",
+        NONE, traj, m=0, lam=0.0, band=(0, 1), policy_band=(0, 1), steps=steps, outcome_weight=0.5, **PAPER_RM
     )
     assert half[0]["reward"].tolist() == [0.5, 0.5, -0.5, -0.5, 0.5]
 
@@ -305,16 +261,7 @@ def test_select_samples_without_judgments_refuses_what_it_cannot_mean(given, lam
     }[given]
     with pytest.raises(ValueError, match=re.escape(message)):
         select_samples(
-            args[0],
-            traj,
-            m=m,
-            lam=lam,
-            band=(0, 1),
-            policy_band=(0, 1),
-            steps=args[1],
-            outcome_weight=1.0,
-            rm_balance=False,
-            rm_advantage="zscore",
+            args[0], traj, m=m, lam=lam, band=(0, 1), policy_band=(0, 1), steps=args[1], outcome_weight=1.0, **PAPER_RM
         )
 
 
@@ -328,7 +275,7 @@ def test_select_samples_pays_the_rm_for_progress_by_hand():
     progress = {"traj_id": np.array([0, 0, 1, 2]), "step_idx": np.array([0, 1, 0, 0])}
     progress["progress"] = np.array([-0.5, 1.0, 0.0, 0.5])
     args = {"m": 2, "lam": 1.0, "band": (0.2, 0.8), "policy_band": (0.2, 0.8), "outcome_weight": 1.0}
-    pol, rm = select_samples(judgments(rows), traj, **args, rm_balance=False, rm_advantage="zscore", progress=progress)
+    pol, rm = select_samples(judgments(rows), traj, **args, **PAPER_RM, progress=progress)
     # (0,0): -1 * [1, 1] equal -> zero_std; (0,1): [1, -1]; (1,0): progress 0: 0 * -1, and -2 unparsed,
     # but no target; (2,0): out of band; (3,0): no value -> no target
     assert rm["reward"].tolist() == [-1.0, -1.0, 1.0, -1.0, -0.0, -2.0, 1.0, 1.0, 0.0, -0.0]
