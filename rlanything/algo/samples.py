@@ -153,10 +153,8 @@ def select_samples(
     else:  # no verdicts: R = O (lam is 0)
         reward, policy_reward = outcome, outcome_weight * outcome
     policy = _policy_samples(keys, task_ids, policy_reward, np.asarray(in_band(task_acc, *policy_band), dtype=bool))
-    in_rm_band = np.asarray(in_band(task_acc, *band), dtype=bool)
-    return policy, _rm_part(
-        keys, task_ids, reward, score, parsed, in_rm_band, outcome, rm_balance, progress, rm_advantage
-    )
+    in_rm = np.asarray(in_band(task_acc, *band), dtype=bool)
+    return policy, _rm_part(keys, task_ids, reward, score, parsed, in_rm, outcome, rm_balance, progress, rm_advantage)
 
 
 def _rm_part(keys, task_ids, reward, score, parsed, in_rm_band, outcome, rm_balance, progress, rm_advantage) -> dict:
