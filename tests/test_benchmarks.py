@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rlanything.models.precision import BF16_FLAGS, FLAGS_ENV, cpu_flags
@@ -159,3 +160,63 @@ def test_int8_benchmark_times_torch_int8_beside_fp32_and_bf16_and_prints_each_mi
     assert found["ours torch int8"][0] > 0, out
     if "ours bf16" in found:
         assert 0 < found["ours bf16"][0] < 1, out
+
+
+def judged_evaluation(folder: Path, games: range, changed: int | None = None) -> Path:
+    """A made-up judged evaluation of text games: per game a progress step (its prompt says
+    "good"), a setback ("bad": invalid, or farther in odd games), a no-op, then the last step.
+    Game `changed` gets a new setback prompt (the other prompts repeat those of any other
+    evaluation made with the same games: one per distinct prompt is kept)."""
+    import pandas as pd
+
+    folder.mkdir(parents=True)
+    rules = ["closer", "invalid", "unchanged", "closer"]
+    judged, labels = [], []
+    for g in games:
+        for step, rule in enumerate(rules):
+            rule = "farther" if rule == "invalid" and g % 2 else rule
+            word = "good" if rule == "closer" else "bad"
+            tail = " again" if g == changed and step == 1 else ""
+            key = {"split": "in_domain", "problem_idx": g, "step_idx": step}
+            judged += [key | {"judge_idx": j, "prompt": f"game {g} step {step}: a {word} move{tail}"} for j in (0, 1)]
+            labels.append(key | {"label": 1 if rule == "closer" else -1, "rule": rule, "last": step == 3})
+    pd.DataFrame(judged).to_parquet(folder / "judgments.parquet")
+    pd.DataFrame(labels).to_parquet(folder / "step_labels.parquet")
+    return folder
+
+
+def test_judge_capacity_pools_distinct_labelled_steps_and_splits_the_games(tmp_path):
+    """Two evaluations of 12 games: the steps before the last with a ranked rule, one per distinct
+    prompt (2 per game, and odd game 5's changed setback, farther, once more: 25), the halves by game."""
+    from benchmarks.judge_capacity import in_train_half, labelled_steps
+
+    dirs = [judged_evaluation(tmp_path / "a", range(12)), judged_evaluation(tmp_path / "b", range(12), changed=5)]
+    steps = labelled_steps(dirs)
+    assert len(steps) == 25 and set(steps.step_idx) == {0, 1}
+    assert steps.rule.value_counts().to_dict() == {"closer": 12, "farther": 7, "invalid": 6}
+    assert steps.good.tolist() == (steps.rule == "closer").tolist()
+    train = in_train_half(steps, seed=0)
+    halves = [set(steps.problem_idx[side]) for side in (train, ~train)]
+    assert len(halves[0]) == len(halves[1]) == 6 and not halves[0] & halves[1]
+    assert (train == in_train_half(steps, seed=0)).all() and (train != in_train_half(steps, seed=1)).any()
+
+
+def test_judge_capacity_finetune_learns_a_separable_label_and_probe_reads_the_states(tmp_path, run_benchmark):
+    """The tiny RM trained on "good"/"bad" prompts ranks the held-out games' steps: AUROC 1.0 on
+    both halves after 3 epochs (a flipped loss ranks them at 0, an update that does not step at
+    0.5 or below); the probe writes the 3 layers' states of every step."""
+    import pandas as pd
+
+    dirs = [str(judged_evaluation(tmp_path / "a", range(12)))]
+    rm = ["--rm", "builtin:tiny-random"]
+    out = run_benchmark(
+        "judge_capacity", "finetune", *dirs, *rm, "--epochs", "3", "--lr", "3e-3", "--out", f"{tmp_path}/f.csv"
+    )
+    last = re.findall(r"^epoch (\d) \(.*test half AUROC ([\d.]+) .*; train half ([\d.]+)$", out, re.M)
+    assert [e for e, *_ in last] == ["1", "2", "3"] and last[-1][1:] == ("1.000", "1.000"), out
+    rows = pd.read_csv(tmp_path / "f.csv")
+    assert len(rows) == 3 * 12 and rows.problem_idx.nunique() == 6  # the test half, every epoch
+    out = run_benchmark("judge_capacity", "probe", *dirs, *rm, "--out", f"{tmp_path}/p.npz")
+    assert re.search(r"^probe on 3 layers: test half AUROC [\d.]+ ", out, re.M), out
+    states = np.load(tmp_path / "p.npz")["states"]
+    assert states.shape[:2] == (24, 3)

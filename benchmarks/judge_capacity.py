@@ -1,0 +1,217 @@
+"""Can the step judge learn the game's own step labels at all? An offline test of its capacity,
+apart from the loop's noisy targets and its one or two updates an iteration.
+
+    python -m benchmarks.judge_capacity probe EVAL_DIR [EVAL_DIR ...] [--rm builtin:smollm2-135m-instruct]
+    python -m benchmarks.judge_capacity finetune EVAL_DIR [EVAL_DIR ...] [--epochs 2] [--lr 1e-5]
+
+EVAL_DIRs: evaluations of a text game judged by the RM (`rlanything eval RUN@N --set eval.rm=true`:
+judgments.parquet with each judged step's exact prompt, step_labels.parquet with the game's
+label of each step). Pooled: the labelled steps before an episode's last whose rule is a progress
+step (`closer`) or a setback (`farther`, `invalid`, `lost`), one row per distinct prompt (greedy
+evaluations of one game repeat episodes), the no-ops (`unchanged`) left out as in the headline
+process AUROC. The games are split in two halves with `--seed`; a step is in the half of its game,
+so no game's text is seen in both. The verdict is read as the constrained judge draws it: the
+prompt, then "\\n\\\\boxed{", then the log-odds of the option "1" against "-1"
+(`models.judge.verdict_choice`); the RM's weights in fp32 under bf16 autocast.
+
+- `probe`: one forward pass over every step. Printed: the untrained RM's progress AUROC on the test
+  half (its verdict's log-odds), and that of a logistic regression (scikit-learn, class-balanced,
+  its C chosen by 5-fold cross-validation grouped by game) fitted on the train half's hidden states
+  at the verdict position (3 layers apart, and together): is what the labels ask already in what the
+  frozen judge computes? The states go to `--out` (.npz).
+- `finetune`: the whole RM trained on the train half's labels for `--epochs`: the class-balanced
+  cross-entropy of the two options (what the loop's reward asks of a verdict, given directly,
+  without sampling), AdamW at `--lr` (the shipped `rm.optim.lr`), 8 steps an optimizer step, the
+  gradient clipped at 1. After each epoch, the test half's progress AUROC and the train half's
+  (the fit). One row per test step and epoch goes to `--out` (.csv).
+
+What the two answer: a judge that cannot rank the held-out games' steps after this, with the true
+labels, many updates and no noise, cannot learn it in the loop either: the fix is another judge
+(a larger model, or a prompt that shows what it needs), not more or better RM updates. One that
+can, is starved in the loop: its targets (the sibling progress signs, the outcomes) or its few
+updates are the limit. Figures: docs/judge.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from benchmarks.common import cpu_line, header
+from rlanything.algo.rm_accuracy import PROGRESS_RULES, SETBACK_RULES, auroc, auroc_interval
+from rlanything.models.judge import verdict_choice
+from rlanything.models.loading import load_model, load_tokenizer, resolve_model_path
+
+GAME = ["split", "problem_idx"]
+
+
+def labelled_steps(eval_dirs: list[Path]) -> pd.DataFrame:
+    """The evaluations' judged steps before an episode's last with a ranked rule, one per distinct
+    prompt -> prompt, rule, good (closer), split, problem_idx, src (the evaluation folder)."""
+    parts = []
+    for folder in eval_dirs:
+        judged = pd.read_parquet(folder / "judgments.parquet").drop_duplicates([*GAME, "step_idx"])
+        labels = pd.read_parquet(folder / "step_labels.parquet")
+        steps = judged[[*GAME, "step_idx", "prompt"]].merge(labels[~labels["last"]], on=[*GAME, "step_idx"])
+        parts.append(steps.assign(src=str(folder)))
+    steps = pd.concat(parts, ignore_index=True)
+    steps = steps[steps.rule.isin(PROGRESS_RULES + SETBACK_RULES)].drop_duplicates("prompt")
+    return steps.assign(good=steps.rule.isin(PROGRESS_RULES)).reset_index(drop=True)
+
+
+def in_train_half(steps: pd.DataFrame, seed: int) -> np.ndarray:
+    """(N,) bools: the step's game is in the train half (half of the games, drawn with `seed`)."""
+    games = sorted(set(zip(steps.split, steps.problem_idx)))
+    random.Random(seed).shuffle(games)
+    train = set(games[: len(games) // 2])
+    return np.array([g in train for g in zip(steps.split, steps.problem_idx)])
+
+
+class Verdict:
+    """The RM's constrained verdict on a step: log-odds of "1" against "-1" after prompt + opener."""
+
+    def __init__(self, model_dir: Path):
+        self.tokenizer = load_tokenizer(model_dir)
+        self.model = load_model(model_dir, "float32")
+        choice = verdict_choice(self.tokenizer)
+        self.opener, self.plus, self.minus = choice.opener, choice.options[1][0], choice.options[-1][0]
+        layers = self.model.config.num_hidden_layers
+        self.picks = (layers // 3, 2 * layers // 3, layers)  # hidden_states[0] is the embedding
+
+    def ids(self, prompt: str) -> torch.Tensor:
+        return torch.tensor([self.tokenizer.encode(prompt, add_special_tokens=False) + self.opener])
+
+    def __call__(self, prompt: str, states: bool = False):
+        """-> log-odds (a 0-d tensor, with grad when enabled), and with `states` the hidden states
+        at the verdict position of layers L/3, 2L/3 and L ((3, hidden) numpy)."""
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = self.model(self.ids(prompt), output_hidden_states=states)
+        logits = out.logits[0, -1].float()
+        odds = logits[self.plus] - logits[self.minus]
+        if not states:
+            return odds
+        return odds, np.stack([out.hidden_states[k][0, -1].float().numpy() for k in self.picks])
+
+
+def ranked(scores: np.ndarray, steps: pd.DataFrame) -> str:
+    """The progress AUROC of `scores` on `steps` with its 95% interval, and per setback rule."""
+    good = steps.good.to_numpy()
+    low, high = auroc_interval(scores, good)
+    parts = [f"AUROC {auroc(scores, good):.3f} [{low:.3f}, {high:.3f}] ({good.sum()} + / {(~good).sum()} -)"]
+    for rule in SETBACK_RULES:
+        pick = good | (steps.rule == rule).to_numpy()
+        if (~good[pick]).sum():
+            parts.append(f"vs {rule} {auroc(scores[pick], good[pick]):.3f}")
+    return ", ".join(parts)
+
+
+def scored(verdict: Verdict, steps: pd.DataFrame, states: bool = False):
+    """Every step's verdict log-odds (N,), and with `states` the (N, 3, hidden) states."""
+    odds, kept = [], []
+    with torch.no_grad():
+        for prompt in steps.prompt:
+            out = verdict(prompt, states)
+            odds.append(float(out[0] if states else out))
+            if states:
+                kept.append(out[1])
+    return (np.array(odds), np.stack(kept)) if states else np.array(odds)
+
+
+def probe(verdict: Verdict, steps: pd.DataFrame, train: np.ndarray, out: Path) -> None:
+    from sklearn.linear_model import LogisticRegressionCV
+    from sklearn.model_selection import GroupKFold
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    start = time.perf_counter()
+    odds, states = scored(verdict, steps, states=True)
+    np.savez(out, odds=odds, states=states, good=steps.good.to_numpy(), train=train)
+    print(f"   forward passes: {len(steps)} steps in {time.perf_counter() - start:.0f} s")
+    test = steps[~train]
+    print(f"untrained RM, test half: {ranked(odds[~train], test)}; mean P(+1) {_p_plus(odds[~train]):.3f}")
+    games = steps.problem_idx.to_numpy()[train]
+    folds = list(GroupKFold(5).split(states[train], groups=games))
+    for name, cols in [(f"layer {k}", [i]) for i, k in enumerate(verdict.picks)] + [("3 layers", [0, 1, 2])]:
+        x = states[:, cols].reshape(len(steps), -1)
+        with warnings.catch_warnings():  # scikit-learn 1.9's notices of 1.10's new defaults
+            warnings.simplefilter("ignore", FutureWarning)
+            fit = make_pipeline(
+                StandardScaler(),
+                LogisticRegressionCV(Cs=8, cv=folds, class_weight="balanced", max_iter=3000, scoring="roc_auc"),
+            ).fit(x[train], steps.good.to_numpy()[train])
+        score = fit.decision_function(x)
+        fitted = auroc(score[train], steps.good.to_numpy()[train])
+        print(f"probe on {name}: test half {ranked(score[~train], test)}; train half {fitted:.3f}")
+
+
+def _p_plus(odds: np.ndarray) -> float:
+    return float(np.mean(1.0 / (1.0 + np.exp(-odds))))
+
+
+def finetune(verdict: Verdict, steps: pd.DataFrame, train: np.ndarray, args: argparse.Namespace) -> None:
+    model, fit = verdict.model, steps[train].reset_index(drop=True)
+    good = fit.good.to_numpy()
+    weight = np.where(good, len(fit) / (2 * good.sum()), len(fit) / (2 * (~good).sum()))  # classes n/2 each
+    optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    rows, order = [], list(range(len(fit)))
+    for epoch in range(1, args.epochs + 1):
+        random.Random(args.seed + epoch).shuffle(order)
+        model.train()
+        start, losses = time.perf_counter(), []
+        for n, i in enumerate(order, 1):
+            sign = 1.0 if good[i] else -1.0
+            loss = weight[i] * torch.nn.functional.softplus(-sign * verdict(fit.prompt[i])) / 8
+            loss.backward()
+            losses.append(float(loss.detach()) * 8)
+            if n % 8 == 0 or n == len(order):
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optim.step()
+                optim.zero_grad()
+        model.eval()
+        trained = time.perf_counter() - start
+        test_odds, train_odds = scored(verdict, steps[~train]), scored(verdict, fit)
+        print(
+            f"epoch {epoch} ({trained:.0f} s, mean loss {np.mean(losses):.3f}): test half "
+            f"{ranked(test_odds, steps[~train])}; mean P(+1) {_p_plus(test_odds):.3f}; "
+            f"train half {auroc(train_odds, good):.3f}"
+        )
+        rows.append(steps[~train][[*GAME, "step_idx", "rule", "good"]].assign(epoch=epoch, log_odds=test_odds))
+    pd.concat(rows).to_csv(args.out, index=False)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=["probe", "finetune"])
+    ap.add_argument("eval_dirs", type=Path, nargs="+")
+    ap.add_argument("--rm", default="builtin:smollm2-135m-instruct")
+    ap.add_argument("--seed", type=int, default=0, help="the draw of the games' halves and the update's order")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--limit", type=int, default=0, help="a sample of this many steps (a quick try); 0: all")
+    ap.add_argument("--out", type=Path, required=True, help="probe: .npz of the states; finetune: .csv of scores")
+    args = ap.parse_args()
+    header(f"judge_capacity {args.mode}: the RM against the game's step labels, offline")
+    print(f"   {cpu_line()}")
+    steps = labelled_steps(args.eval_dirs)
+    if args.limit:
+        steps = steps.sample(n=min(args.limit, len(steps)), random_state=args.seed).reset_index(drop=True)
+    train = in_train_half(steps, args.seed)
+    counts = steps.groupby(train).rule.value_counts().unstack(fill_value=0)
+    print(f"   {len(steps)} distinct steps of {steps.groupby(GAME).ngroups} games; by half (True: train):")
+    print("   " + counts.to_string().replace("\n", "\n   "))
+    verdict = Verdict(resolve_model_path(args.rm))
+    if args.mode == "probe":
+        probe(verdict, steps, train, args.out)
+    else:
+        finetune(verdict, steps, train, args)
+
+
+if __name__ == "__main__":
+    main()
