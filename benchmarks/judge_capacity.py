@@ -2,7 +2,7 @@
 apart from the loop's noisy targets and its one or two updates an iteration.
 
     python -m benchmarks.judge_capacity probe EVAL_DIR [EVAL_DIR ...] [--rm builtin:smollm2-135m-instruct]
-    python -m benchmarks.judge_capacity finetune EVAL_DIR [EVAL_DIR ...] [--epochs 2] [--lr 1e-5]
+    python -m benchmarks.judge_capacity finetune EVAL_DIR [EVAL_DIR ...] [--epochs 2] [--lr 1e-5] [--train-runs RUN ...]
 
 EVAL_DIRs: evaluations of a text game judged by the RM (`rlanything eval RUN@N --set eval.rm=true`:
 judgments.parquet with each judged step's exact prompt, step_labels.parquet with the game's
@@ -23,7 +23,9 @@ prompt, then "\\n\\\\boxed{", then the log-odds of the option "1" against "-1"
   cross-entropy of the two options (what the loop's reward asks of a verdict, given directly,
   without sampling), AdamW at `--lr` (the shipped `rm.optim.lr`), 8 steps an optimizer step, the
   gradient clipped at 1. After each epoch, the test half's progress AUROC and the train half's
-  (the fit). One row per test step and epoch goes to `--out` (.csv).
+  (the fit). One row per test step and epoch goes to `--out` (.csv). With `--train-runs RUN ...`
+  it trains instead on what those runs' loops trained their judges on: the distinct steps their
+  sibling progress target valued, with its signs as labels (`sibling_steps`); the test is the same.
 
 What the two answer: a judge that cannot rank the held-out games' steps after this, with the true
 labels, many updates and no noise, cannot learn it in the loop either: the fix is another judge
@@ -64,6 +66,25 @@ def labelled_steps(eval_dirs: list[Path]) -> pd.DataFrame:
     steps = pd.concat(parts, ignore_index=True)
     steps = steps[steps.rule.isin(PROGRESS_RULES + SETBACK_RULES)].drop_duplicates("prompt")
     return steps.assign(good=steps.rule.isin(PROGRESS_RULES)).reset_index(drop=True)
+
+
+def sibling_steps(run_dirs: list[Path]) -> pd.DataFrame:
+    """The training runs' steps the sibling progress target valued (`algo.rm_target: progress`,
+    `progress_source: siblings`: a nonzero progress), one per distinct prompt -> prompt, good
+    (progress > 0), rule (the game's label, for the count; "?" where none), src: what the loop
+    trained its judge on, with the loop's targets instead of the game's labels."""
+    parts = []
+    for run in run_dirs:
+        for folder in sorted(run.glob("iter_*")):
+            if not (folder / "progress.parquet").exists():
+                continue
+            valued = pd.read_parquet(folder / "progress.parquet").query("progress != 0 and progress == progress")
+            judged = pd.read_parquet(folder / "judgments.parquet", columns=["traj_id", "step_idx", "prompt"])
+            labels = pd.read_parquet(folder / "step_labels.parquet", columns=["traj_id", "step_idx", "rule"])
+            steps = valued.merge(judged.drop_duplicates(["traj_id", "step_idx"]), on=["traj_id", "step_idx"])
+            parts.append(steps.merge(labels, on=["traj_id", "step_idx"], how="left").assign(src=str(folder)))
+    steps = pd.concat(parts, ignore_index=True).drop_duplicates("prompt")
+    return steps.assign(good=steps.progress > 0, rule=steps.rule.fillna("?")).reset_index(drop=True)
 
 
 def in_train_half(steps: pd.DataFrame, seed: int) -> np.ndarray:
@@ -155,8 +176,8 @@ def _p_plus(odds: np.ndarray) -> float:
     return float(np.mean(1.0 / (1.0 + np.exp(-odds))))
 
 
-def finetune(verdict: Verdict, steps: pd.DataFrame, train: np.ndarray, args: argparse.Namespace) -> None:
-    model, fit = verdict.model, steps[train].reset_index(drop=True)
+def finetune(verdict: Verdict, fit: pd.DataFrame, test: pd.DataFrame, args: argparse.Namespace) -> None:
+    model, fit = verdict.model, fit.reset_index(drop=True)
     good = fit.good.to_numpy()
     weight = np.where(good, len(fit) / (2 * good.sum()), len(fit) / (2 * (~good).sum()))  # classes n/2 each
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -176,13 +197,12 @@ def finetune(verdict: Verdict, steps: pd.DataFrame, train: np.ndarray, args: arg
                 optim.zero_grad()
         model.eval()
         trained = time.perf_counter() - start
-        test_odds, train_odds = scored(verdict, steps[~train]), scored(verdict, fit)
+        test_odds, train_odds = scored(verdict, test), scored(verdict, fit)
         print(
             f"epoch {epoch} ({trained:.0f} s, mean loss {np.mean(losses):.3f}): test half "
-            f"{ranked(test_odds, steps[~train])}; mean P(+1) {_p_plus(test_odds):.3f}; "
-            f"train half {auroc(train_odds, good):.3f}"
+            f"{ranked(test_odds, test)}; mean P(+1) {_p_plus(test_odds):.3f}; train half {auroc(train_odds, good):.3f}"
         )
-        rows.append(steps[~train][[*GAME, "step_idx", "rule", "good"]].assign(epoch=epoch, log_odds=test_odds))
+        rows.append(test[[*GAME, "step_idx", "rule", "good"]].assign(epoch=epoch, log_odds=test_odds))
     pd.concat(rows).to_csv(args.out, index=False)
 
 
@@ -194,6 +214,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="the draw of the games' halves and the update's order")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--train-runs", type=Path, nargs="*", default=[], help="finetune on these runs' sibling targets")
     ap.add_argument("--limit", type=int, default=0, help="a sample of this many steps (a quick try); 0: all")
     ap.add_argument("--out", type=Path, required=True, help="probe: .npz of the states; finetune: .csv of scores")
     args = ap.parse_args()
@@ -209,8 +230,13 @@ def main() -> None:
     verdict = Verdict(resolve_model_path(args.rm))
     if args.mode == "probe":
         probe(verdict, steps, train, args.out)
-    else:
-        finetune(verdict, steps, train, args)
+        return
+    fit = steps[train]
+    if args.train_runs:
+        fit = sibling_steps(args.train_runs)
+        print(f"   trained instead on {len(fit)} distinct steps the runs' sibling target valued (good: progress > 0):")
+        print("   " + fit.groupby("good").rule.value_counts().unstack(fill_value=0).to_string().replace("\n", "\n   "))
+    finetune(verdict, fit, steps[~train], args)
 
 
 if __name__ == "__main__":

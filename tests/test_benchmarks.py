@@ -220,3 +220,25 @@ def test_judge_capacity_finetune_learns_a_separable_label_and_probe_reads_the_st
     assert re.search(r"^probe on 3 layers: test half AUROC [\d.]+ ", out, re.M), out
     states = np.load(tmp_path / "p.npz")["states"]
     assert states.shape[:2] == (24, 3)
+
+
+def test_judge_capacity_reads_the_steps_a_runs_sibling_target_valued(tmp_path):
+    """A run's valued steps (progress nonzero; 0 and NaN are not valued), one per distinct prompt
+    (trajectory 1 repeats trajectory 0's first step), good where the progress is positive, the
+    game's rule beside it ("?" where the step has no label); an iteration without a progress
+    file (a policy-only run's) adds nothing."""
+    import pandas as pd
+
+    from benchmarks.judge_capacity import sibling_steps
+
+    folder = tmp_path / "run" / "iter_0000"
+    folder.mkdir(parents=True)
+    (tmp_path / "run" / "iter_0001").mkdir()
+    keys = {"traj_id": [0, 0, 0, 1, 1], "step_idx": [0, 1, 2, 0, 1]}
+    pd.DataFrame(keys | {"progress": [0.5, -0.25, 0.0, 0.5, float("nan")]}).to_parquet(folder / "progress.parquet")
+    prompts = ["take key", "go west", "look", "take key", "open door"]
+    pd.DataFrame(keys | {"prompt": prompts}).to_parquet(folder / "judgments.parquet")
+    labels = {"traj_id": [0, 0, 1], "step_idx": [0, 2, 0], "rule": ["closer", "unchanged", "closer"]}
+    pd.DataFrame(labels).to_parquet(folder / "step_labels.parquet")
+    steps = sibling_steps([tmp_path / "run"])
+    assert steps[["prompt", "good", "rule"]].values.tolist() == [["take key", True, "closer"], ["go west", False, "?"]]
