@@ -197,13 +197,16 @@ def finetune(verdict: Verdict, fit: pd.DataFrame, test: pd.DataFrame, args: argp
                 optim.zero_grad()
         model.eval()
         trained = time.perf_counter() - start
+        if args.eval_epochs and epoch not in args.eval_epochs:
+            print(f"epoch {epoch} ({trained:.0f} s, mean loss {np.mean(losses):.3f}): not tested")
+            continue
         test_odds, train_odds = scored(verdict, test), scored(verdict, fit)
         print(
             f"epoch {epoch} ({trained:.0f} s, mean loss {np.mean(losses):.3f}): test half "
             f"{ranked(test_odds, test)}; mean P(+1) {_p_plus(test_odds):.3f}; train half {auroc(train_odds, good):.3f}"
         )
         rows.append(test[[*GAME, "step_idx", "rule", "good"]].assign(epoch=epoch, log_odds=test_odds))
-    pd.concat(rows).to_csv(args.out, index=False)
+        pd.concat(rows).to_csv(args.out, index=False)  # after each tested epoch: a stopped run keeps its rows
 
 
 def main() -> None:
@@ -215,6 +218,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--train-runs", type=Path, nargs="*", default=[], help="finetune on these runs' sibling targets")
+    ap.add_argument("--train-limit", type=int, default=0, help="finetune on a sample of this many train steps")
+    ap.add_argument("--eval-epochs", type=int, nargs="*", help="the epochs after which to test (default: each)")
     ap.add_argument("--limit", type=int, default=0, help="a sample of this many steps (a quick try); 0: all")
     ap.add_argument("--out", type=Path, required=True, help="probe: .npz of the states; finetune: .csv of scores")
     args = ap.parse_args()
@@ -232,6 +237,9 @@ def main() -> None:
         probe(verdict, steps, train, args.out)
         return
     fit = steps[train]
+    if args.train_limit:  # as many as a loop's targets gave (`--train-runs`): quantity apart from noise
+        fit = fit.sample(n=min(args.train_limit, len(fit)), random_state=args.seed)
+        print(f"   trained on a sample of the train half: {fit.good.sum()} good, {(~fit.good).sum()} bad")
     if args.train_runs:
         fit = sibling_steps(args.train_runs)
         print(f"   trained instead on {len(fit)} distinct steps the runs' sibling target valued (good: progress > 0):")
