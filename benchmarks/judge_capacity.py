@@ -18,7 +18,9 @@ prompt, then "\\n\\\\boxed{", then the log-odds of the option "1" against "-1"
   half (its verdict's log-odds), and that of a logistic regression (scikit-learn, class-balanced,
   its C chosen by 5-fold cross-validation grouped by game) fitted on the train half's hidden states
   at the verdict position (3 layers apart, and together): is what the labels ask already in what the
-  frozen judge computes? The states go to `--out` (.npz).
+  frozen judge computes? Then the last layer's probe from 16, 32, 82 and 164 train steps (5 draws
+  each, its C as chosen): how many labelled steps the readout needs. The states go to `--out`
+  (.npz); `--states` reads them back instead of running the passes again.
 - `finetune`: the whole RM trained on the train half's labels for `--epochs`: the class-balanced
   cross-entropy of the two options (what the loop's reward asks of a verdict, given directly,
   without sampling), AdamW at `--lr` (the shipped `rm.optim.lr`), 8 steps an optimizer step, the
@@ -145,31 +147,57 @@ def scored(verdict: Verdict, steps: pd.DataFrame, states: bool = False):
     return (np.array(odds), np.stack(kept)) if states else np.array(odds)
 
 
-def probe(verdict: Verdict, steps: pd.DataFrame, train: np.ndarray, out: Path) -> None:
-    from sklearn.linear_model import LogisticRegressionCV
+def probe(verdict: Verdict, steps: pd.DataFrame, train: np.ndarray, out: Path, states_file: Path | None) -> None:
     from sklearn.model_selection import GroupKFold
+
+    if states_file:  # an earlier probe's passes over the same steps (the same EVAL_DIRs and seed)
+        saved = np.load(states_file)
+        odds, states = saved["odds"], saved["states"]
+        if len(odds) != len(steps) or (saved["train"] != train).any():
+            raise SystemExit(f"{states_file} holds other steps or halves than these EVAL_DIRs and --seed")
+    else:
+        start = time.perf_counter()
+        odds, states = scored(verdict, steps, states=True)
+        np.savez(out, odds=odds, states=states, good=steps.good.to_numpy(), train=train)
+        print(f"   forward passes: {len(steps)} steps in {time.perf_counter() - start:.0f} s")
+    test, good = steps[~train], steps.good.to_numpy()
+    print(f"untrained RM, test half: {ranked(odds[~train], test)}; mean P(+1) {_p_plus(odds[~train]):.3f}")
+    folds = list(GroupKFold(5).split(states[train], groups=steps.problem_idx.to_numpy()[train]))
+    for name, cols in [(f"layer {k}", [i]) for i, k in enumerate(verdict.picks)] + [("3 layers", [0, 1, 2])]:
+        x = states[:, cols].reshape(len(steps), -1)
+        fit = _logistic(x[train], good[train], folds)
+        score = fit.decision_function(x)
+        fitted = auroc(score[train], good[train])
+        print(f"probe on {name}: test half {ranked(score[~train], test)}; train half {fitted:.3f}")
+        if cols == [2]:  # the last layer, the one the verdict is read from
+            c = float(fit[-1].C_[0])
+    # how many labelled steps the last layer's readout needs: 5 draws of n train steps each, C as chosen above
+    draws = np.flatnonzero(train)
+    for n in (16, 32, 82, 164):
+        found = []
+        for seed in range(5):
+            pick = np.random.default_rng(seed).choice(draws, size=min(n, len(draws)), replace=False)
+            if good[pick].all() or not good[pick].any():
+                continue
+            fit = _logistic(states[pick, 2], good[pick], None, c)
+            found.append(auroc(fit.decision_function(states[~train, 2]), good[~train]))
+        shown = ", ".join(f"{a:.3f}" for a in found)
+        print(f"probe on layer {verdict.picks[2]} from {n} train steps (C {c:.3g}): test half AUROC {shown}")
+
+
+def _logistic(x: np.ndarray, y: np.ndarray, folds: list | None, c: float | None = None):
+    """Standardised, class-balanced logistic regression: C by `folds` (AUROC), or `c` as given."""
+    from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    start = time.perf_counter()
-    odds, states = scored(verdict, steps, states=True)
-    np.savez(out, odds=odds, states=states, good=steps.good.to_numpy(), train=train)
-    print(f"   forward passes: {len(steps)} steps in {time.perf_counter() - start:.0f} s")
-    test = steps[~train]
-    print(f"untrained RM, test half: {ranked(odds[~train], test)}; mean P(+1) {_p_plus(odds[~train]):.3f}")
-    games = steps.problem_idx.to_numpy()[train]
-    folds = list(GroupKFold(5).split(states[train], groups=games))
-    for name, cols in [(f"layer {k}", [i]) for i, k in enumerate(verdict.picks)] + [("3 layers", [0, 1, 2])]:
-        x = states[:, cols].reshape(len(steps), -1)
-        with warnings.catch_warnings():  # scikit-learn 1.9's notices of 1.10's new defaults
-            warnings.simplefilter("ignore", FutureWarning)
-            fit = make_pipeline(
-                StandardScaler(),
-                LogisticRegressionCV(Cs=8, cv=folds, class_weight="balanced", max_iter=3000, scoring="roc_auc"),
-            ).fit(x[train], steps.good.to_numpy()[train])
-        score = fit.decision_function(x)
-        fitted = auroc(score[train], steps.good.to_numpy()[train])
-        print(f"probe on {name}: test half {ranked(score[~train], test)}; train half {fitted:.3f}")
+    with warnings.catch_warnings():  # scikit-learn 1.9's notices of 1.10's new defaults
+        warnings.simplefilter("ignore", FutureWarning)
+        if c is None:
+            head = LogisticRegressionCV(Cs=8, cv=folds, class_weight="balanced", max_iter=3000, scoring="roc_auc")
+        else:
+            head = LogisticRegression(C=c, class_weight="balanced", max_iter=3000)
+        return make_pipeline(StandardScaler(), head).fit(x, y)
 
 
 def _p_plus(odds: np.ndarray) -> float:
@@ -220,6 +248,7 @@ def main() -> None:
     ap.add_argument("--train-runs", type=Path, nargs="*", default=[], help="finetune on these runs' sibling targets")
     ap.add_argument("--train-limit", type=int, default=0, help="finetune on a sample of this many train steps")
     ap.add_argument("--eval-epochs", type=int, nargs="*", help="the epochs after which to test (default: each)")
+    ap.add_argument("--states", type=Path, help="probe: the .npz an earlier probe of these steps wrote (no passes)")
     ap.add_argument("--limit", type=int, default=0, help="a sample of this many steps (a quick try); 0: all")
     ap.add_argument("--out", type=Path, required=True, help="probe: .npz of the states; finetune: .csv of scores")
     args = ap.parse_args()
@@ -234,7 +263,7 @@ def main() -> None:
     print("   " + counts.to_string().replace("\n", "\n   "))
     verdict = Verdict(resolve_model_path(args.rm))
     if args.mode == "probe":
-        probe(verdict, steps, train, args.out)
+        probe(verdict, steps, train, args.out, args.states)
         return
     fit = steps[train]
     if args.train_limit:  # as many as a loop's targets gave (`--train-runs`): quantity apart from noise

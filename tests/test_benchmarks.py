@@ -218,8 +218,18 @@ def test_judge_capacity_finetune_learns_a_separable_label_and_probe_reads_the_st
     assert len(rows) == 3 * 12 and rows.problem_idx.nunique() == 6  # the test half, every epoch
     out = run_benchmark("judge_capacity", "probe", *dirs, *rm, "--out", f"{tmp_path}/p.npz")
     assert re.search(r"^probe on 3 layers: test half AUROC [\d.]+ ", out, re.M), out
+    assert (
+        len(re.findall(r"^probe on layer \d+ from \d+ train steps \(C [\d.e-]+\): test half AUROC [\d.]", out, re.M))
+        == 4
+    ), out
     states = np.load(tmp_path / "p.npz")["states"]
     assert states.shape[:2] == (24, 3)
+    again = run_benchmark("judge_capacity", "probe", *dirs, *rm, "--states", f"{tmp_path}/p.npz", "--out", "unused")
+    assert again.split("untrained RM")[1] == out.split("untrained RM")[1]  # the saved passes, the same figures
+    with pytest.raises(SystemExit, match="other steps or halves"):
+        run_benchmark(
+            "judge_capacity", "probe", *dirs, *rm, "--seed", "1", "--states", f"{tmp_path}/p.npz", "--out", "x"
+        )
 
 
 def test_judge_capacity_reads_the_steps_a_runs_sibling_target_valued(tmp_path):
