@@ -28,6 +28,7 @@ prompt, then "\\n\\\\boxed{", then the log-odds of the option "1" against "-1"
   (the fit). One row per test step and epoch goes to `--out` (.csv). With `--train-runs RUN ...`
   it trains instead on what those runs' loops trained their judges on: the distinct steps their
   sibling progress target valued, with its signs as labels (`sibling_steps`); the test is the same.
+  `--train-labels game` keeps those prompts and gives them the game's labels instead (no-ops out).
 
 What the two answer: a judge that cannot rank the held-out games' steps after this, with the true
 labels, many updates and no noise, cannot learn it in the loop either: the fix is another judge
@@ -237,6 +238,24 @@ def finetune(verdict: Verdict, fit: pd.DataFrame, test: pd.DataFrame, args: argp
         pd.concat(rows).to_csv(args.out, index=False)  # after each tested epoch: a stopped run keeps its rows
 
 
+def training_steps(steps: pd.DataFrame, train: np.ndarray, args: argparse.Namespace) -> pd.DataFrame:
+    """What finetune trains on: the train half (a sample of `--train-limit` of it: as many as a
+    loop's targets gave, quantity apart from noise), or the steps the `--train-runs`' sibling
+    target valued, with its signs or (`--train-labels game`) the game's labels, no-ops left out."""
+    fit = steps[train]
+    if args.train_limit:
+        fit = fit.sample(n=min(args.train_limit, len(fit)), random_state=args.seed)
+    if args.train_runs:
+        fit = sibling_steps(args.train_runs)
+        if args.train_labels == "game":  # the same prompts: the targets' noise apart from their situations
+            fit = fit[fit.rule.isin(PROGRESS_RULES + SETBACK_RULES)]
+            fit = fit.assign(good=fit.rule.isin(PROGRESS_RULES))
+    source = f"the runs' valued steps, {args.train_labels} labels" if args.train_runs else "the train half"
+    table = fit.groupby("good").rule.value_counts().unstack(fill_value=0).to_string().replace("\n", "\n   ")
+    print(f"   trained on {len(fit)} distinct steps of {source}, by label (True: good):\n   {table}")
+    return fit
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=["probe", "finetune"])
@@ -246,6 +265,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--train-runs", type=Path, nargs="*", default=[], help="finetune on these runs' sibling targets")
+    ap.add_argument("--train-labels", choices=["sibling", "game"], default="sibling", help="--train-runs' labels")
     ap.add_argument("--train-limit", type=int, default=0, help="finetune on a sample of this many train steps")
     ap.add_argument("--eval-epochs", type=int, nargs="*", help="the epochs after which to test (default: each)")
     ap.add_argument("--states", type=Path, help="probe: the .npz an earlier probe of these steps wrote (no passes)")
@@ -265,15 +285,7 @@ def main() -> None:
     if args.mode == "probe":
         probe(verdict, steps, train, args.out, args.states)
         return
-    fit = steps[train]
-    if args.train_limit:  # as many as a loop's targets gave (`--train-runs`): quantity apart from noise
-        fit = fit.sample(n=min(args.train_limit, len(fit)), random_state=args.seed)
-        print(f"   trained on a sample of the train half: {fit.good.sum()} good, {(~fit.good).sum()} bad")
-    if args.train_runs:
-        fit = sibling_steps(args.train_runs)
-        print(f"   trained instead on {len(fit)} distinct steps the runs' sibling target valued (good: progress > 0):")
-        print("   " + fit.groupby("good").rule.value_counts().unstack(fill_value=0).to_string().replace("\n", "\n   "))
-    finetune(verdict, fit, steps[~train], args)
+    finetune(verdict, training_steps(steps, train, args), steps[~train], args)
 
 
 if __name__ == "__main__":

@@ -252,3 +252,31 @@ def test_judge_capacity_reads_the_steps_a_runs_sibling_target_valued(tmp_path):
     pd.DataFrame(labels).to_parquet(folder / "step_labels.parquet")
     steps = sibling_steps([tmp_path / "run"])
     assert steps[["prompt", "good", "rule"]].values.tolist() == [["take key", True, "closer"], ["go west", False, "?"]]
+
+
+def test_judge_capacity_trains_on_the_runs_prompts_with_either_label(tmp_path):
+    """`--train-runs` with the sibling signs, or the same prompts with the game's labels (the
+    no-op and the unlabelled step out); `--train-limit` samples the train half."""
+    import argparse
+
+    import pandas as pd
+
+    from benchmarks.judge_capacity import in_train_half, labelled_steps, training_steps
+
+    folder = tmp_path / "run" / "iter_0000"
+    folder.mkdir(parents=True)
+    keys = {"traj_id": [0, 0, 0, 1], "step_idx": [0, 1, 2, 0]}
+    pd.DataFrame(keys | {"progress": [0.5, 0.25, -0.5, -0.5]}).to_parquet(folder / "progress.parquet")
+    pd.DataFrame(keys | {"prompt": ["take key", "look", "go west", "eat key"]}).to_parquet(folder / "judgments.parquet")
+    labels = {"traj_id": [0, 0, 0], "step_idx": [0, 1, 2], "rule": ["closer", "unchanged", "invalid"]}
+    pd.DataFrame(labels).to_parquet(folder / "step_labels.parquet")
+    steps = labelled_steps([judged_evaluation(tmp_path / "a", range(12))])
+    train = in_train_half(steps, seed=0)
+    args = argparse.Namespace(train_limit=0, train_runs=[tmp_path / "run"], train_labels="sibling", seed=0)
+    assert training_steps(steps, train, args).good.tolist() == [True, True, False, False]
+    args.train_labels = "game"
+    fit = training_steps(steps, train, args)
+    assert fit[["prompt", "good"]].values.tolist() == [["take key", True], ["go west", False]]
+    args.train_runs, args.train_limit = [], 5
+    fit = training_steps(steps, train, args)
+    assert len(fit) == 5 and set(fit.index) <= set(np.flatnonzero(train))
