@@ -28,7 +28,7 @@ from rlanything.storage.layout import RunLayout
 from rlanything.storage.parquet import read_table
 from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS, EVAL_STEP_LABELS, EVAL_STEPS
 
-SHOWN = ("rm_outcome_auroc", "rm_process_auroc", "rm_process_accuracy", "rm_last_auroc")
+SHOWN = ("rm_outcome_auroc", "rm_progress_auroc", "rm_process_auroc", "rm_process_accuracy", "rm_last_auroc")
 
 
 def rm_weights(target: str) -> tuple[Path, str]:
