@@ -23,7 +23,7 @@ prompt, then "\\n\\\\boxed{", then the log-odds of the option "1" against "-1"
   (.npz); `--states` reads them back instead of running the passes again.
 - `finetune`: the whole RM trained on the train half's labels for `--epochs`: the class-balanced
   cross-entropy of the two options (what the loop's reward asks of a verdict, given directly,
-  without sampling), AdamW at `--lr` (the shipped `rm.optim.lr`), 8 steps an optimizer step, the
+  without sampling), AdamW at `--lr` (the shipped `rm.optim.lr`), 8 prompts an optimizer step, the
   gradient clipped at 1. After each epoch, the test half's progress AUROC and the train half's
   (the fit). One row per test step and epoch goes to `--out` (.csv). With `--train-runs RUN ...`
   it trains instead on what those runs' loops trained their judges on: the distinct steps their
@@ -50,11 +50,13 @@ import pandas as pd
 import torch
 
 from benchmarks.common import cpu_line, header
+from rlanything.algo.advantages import class_balanced
 from rlanything.algo.rm_accuracy import PROGRESS_RULES, SETBACK_RULES, auroc, auroc_interval
 from rlanything.models.judge import verdict_choice
 from rlanything.models.loading import load_model, load_tokenizer, resolve_model_path
 
 GAME = ["split", "problem_idx"]
+PER_STEP = 8  # prompts an optimizer step (micro-batches of one, the gradient accumulated)
 
 
 def labelled_steps(eval_dirs: list[Path]) -> pd.DataFrame:
@@ -164,14 +166,14 @@ def probe(verdict: Verdict, steps: pd.DataFrame, train: np.ndarray, out: Path, s
     test, good = steps[~train], steps.good.to_numpy()
     print(f"untrained RM, test half: {ranked(odds[~train], test)}; mean P(+1) {_p_plus(odds[~train]):.3f}")
     folds = list(GroupKFold(5).split(states[train], groups=steps.problem_idx.to_numpy()[train]))
+    fits = {}
     for name, cols in [(f"layer {k}", [i]) for i, k in enumerate(verdict.picks)] + [("3 layers", [0, 1, 2])]:
         x = states[:, cols].reshape(len(steps), -1)
-        fit = _logistic(x[train], good[train], folds)
-        score = fit.decision_function(x)
+        fits[name] = _logistic(x[train], good[train], folds)
+        score = fits[name].decision_function(x)
         fitted = auroc(score[train], good[train])
         print(f"probe on {name}: test half {ranked(score[~train], test)}; train half {fitted:.3f}")
-        if cols == [2]:  # the last layer, the one the verdict is read from
-            c = float(fit[-1].C_[0])
+    c = float(fits[f"layer {verdict.picks[2]}"][-1].C_[0])  # the last layer's, the one the verdict reads
     # how many labelled steps the last layer's readout needs: 5 draws of n train steps each, C as chosen above
     draws = np.flatnonzero(train)
     for n in (16, 32, 82, 164):
@@ -208,7 +210,7 @@ def _p_plus(odds: np.ndarray) -> float:
 def finetune(verdict: Verdict, fit: pd.DataFrame, test: pd.DataFrame, args: argparse.Namespace) -> None:
     model, fit = verdict.model, fit.reset_index(drop=True)
     good = fit.good.to_numpy()
-    weight = np.where(good, len(fit) / (2 * good.sum()), len(fit) / (2 * (~good).sum()))  # classes n/2 each
+    weight = class_balanced(np.ones(len(fit)), np.where(good, 1, -1), np.ones(len(fit), bool))  # classes n/2 each
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     rows, order = [], list(range(len(fit)))
     for epoch in range(1, args.epochs + 1):
@@ -217,10 +219,10 @@ def finetune(verdict: Verdict, fit: pd.DataFrame, test: pd.DataFrame, args: argp
         start, losses = time.perf_counter(), []
         for n, i in enumerate(order, 1):
             sign = 1.0 if good[i] else -1.0
-            loss = weight[i] * torch.nn.functional.softplus(-sign * verdict(fit.prompt[i])) / 8
+            loss = weight[i] * torch.nn.functional.softplus(-sign * verdict(fit.prompt[i])) / PER_STEP
             loss.backward()
-            losses.append(float(loss.detach()) * 8)
-            if n % 8 == 0 or n == len(order):
+            losses.append(float(loss.detach()) * PER_STEP)
+            if n % PER_STEP == 0 or n == len(order):
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optim.step()
                 optim.zero_grad()
@@ -243,13 +245,13 @@ def training_steps(steps: pd.DataFrame, train: np.ndarray, args: argparse.Namesp
     loop's targets gave, quantity apart from noise), or the steps the `--train-runs`' sibling
     target valued, with its signs or (`--train-labels game`) the game's labels, no-ops left out."""
     fit = steps[train]
-    if args.train_limit:
-        fit = fit.sample(n=min(args.train_limit, len(fit)), random_state=args.seed)
     if args.train_runs:
         fit = sibling_steps(args.train_runs)
         if args.train_labels == "game":  # the same prompts: the targets' noise apart from their situations
             fit = fit[fit.rule.isin(PROGRESS_RULES + SETBACK_RULES)]
             fit = fit.assign(good=fit.rule.isin(PROGRESS_RULES))
+    elif args.train_limit:
+        fit = fit.sample(n=min(args.train_limit, len(fit)), random_state=args.seed)
     source = f"the runs' valued steps, {args.train_labels} labels" if args.train_runs else "the train half"
     table = fit.groupby("good").rule.value_counts().unstack(fill_value=0).to_string().replace("\n", "\n   ")
     print(f"   trained on {len(fit)} distinct steps of {source}, by label (True: good):\n   {table}")
@@ -266,7 +268,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--train-runs", type=Path, nargs="*", default=[], help="finetune on these runs' sibling targets")
     ap.add_argument("--train-labels", choices=["sibling", "game"], default="sibling", help="--train-runs' labels")
-    ap.add_argument("--train-limit", type=int, default=0, help="finetune on a sample of this many train steps")
+    ap.add_argument("--train-limit", type=int, default=0, help="finetune on a sample of this many train-half steps")
     ap.add_argument("--eval-epochs", type=int, nargs="*", help="the epochs after which to test (default: each)")
     ap.add_argument("--states", type=Path, help="probe: the .npz an earlier probe of these steps wrote (no passes)")
     ap.add_argument("--limit", type=int, default=0, help="a sample of this many steps (a quick try); 0: all")
