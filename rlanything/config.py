@@ -359,6 +359,16 @@ class RewardModelConfig(ModelConfig):
     against the policy's solutions (docs/method.md, "Coding: the RM writes unit tests")."""
     tests_per_task: int = Field(4, ge=1)
     """K: unit tests the RM writes for each problem per iteration (role unit_tests)."""
+    replay_iterations: int = Field(0, ge=0)
+    """K: the RM update also trains on the kept judgments of the K iterations before this one,
+    with the advantages they were given then, beside this iteration's (role judge). An
+    iteration keeps only 3-16 distinct judged prompts on a text game, and one pass over them
+    moves the judge too little to rank steps (docs/judge.md); a replayed judgment is seen again
+    by later updates, each time against the weights that update starts from (its old log-probs
+    are recomputed by the trainer: `algo.old_logprobs` must not be `sampler`, nor `algo.tis_cap`
+    set), so the PPO clip bounds each pass, not their sum. The samples grow up to (K+1)-fold:
+    raise `rm.optim.updates_per_iteration` to keep the mini-batches' size. 0: this iteration's
+    judgments only (the paper; our departure, off by default: docs/method.md)."""
     lora: LoraConfig = LoraConfig()
     """LoRA adapters instead of full fine-tuning."""
     optim: OptimConfig = OptimConfig()
@@ -670,6 +680,8 @@ class Config(_Section):
                     "reasoning reaches a critic or a model rewriter: with adapt.enabled set "
                     "adapt.rewriter: rule and adapt.critic: extractive (or adapt.enabled: false)"
                 )
+        if self.rm.replay_iterations:
+            self._check_replay()
         if self.algo.rm_balance and self.rm.role != "judge":
             raise ValueError("algo.rm_balance reweights judgments: it needs rm.role judge")
         if self.algo.rm_advantage != "zscore" and self.rm.role != "judge":
@@ -692,6 +704,17 @@ class Config(_Section):
                 "temperature): use rm.verdict free, rm.temperature 1, or rm.engine transformers"
             )
         return self
+
+    def _check_replay(self) -> None:
+        # A replayed judgment's sampler log-probs are an older RM's: the ratio and any weighing by
+        # them would measure the drift since, not this update's move.
+        if self.rm.role != "judge":
+            raise ValueError("rm.replay_iterations replays judgments: it needs rm.role judge")
+        if self.algo.old_logprobs == "sampler" or self.algo.tis_cap is not None:
+            raise ValueError(
+                "rm.replay_iterations trains on judgments an older RM drew, against log-probs the "
+                "update recomputes: set algo.old_logprobs auto or trainer, and algo.tis_cap null"
+            )
 
     def _check_no_rm(self) -> None:
         # Without judgments nothing may need them: the policy's reward, the RM's samples, the critic.

@@ -33,8 +33,9 @@ UPDATE_KINDS = ("policy", "rm")
 STEP_MEASURES = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm")
 """Measured at every optimizer step (columns of <kind>_update.parquet); an iteration's metric is
 their sample-weighted mean."""
-UPDATE_MEASURES = (*STEP_MEASURES, "anchor_kl", "lr_last", "samples", "optimizer_steps")
-"""... plus anchor_kl, the same mean where the update has an anchor KL (optim.anchor_beta)."""
+UPDATE_MEASURES = (*STEP_MEASURES, "anchor_kl", "lr_last", "samples", "replayed_samples", "optimizer_steps")
+"""... plus anchor_kl, the same mean where the update has an anchor KL (optim.anchor_beta), and
+replayed_samples, those of `samples` that earlier iterations drew (rm.replay_iterations)."""
 
 
 def update_metric(kind: str, measure: str) -> str:

@@ -13,6 +13,7 @@ checkpoint, which would only copy its base weights; whoever needs them takes the
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pandas as pd
 
@@ -68,6 +69,8 @@ def update_job(
     precision = run_precision(config, layout.run_dir)[kind]
     generation, update = precision["generation"].precision, precision["update"].precision
     recompute = recompute_old_logprobs(config.algo.old_logprobs, generation, update)
+    # replayed judgments are an older RM's: their ratio must start from this update's weights
+    recompute = recompute or (kind == "rm" and config.rm.replay_iterations > 0)
     if config.algo.tis_cap is not None and not recompute:
         logging.getLogger(__name__).warning(
             "algo.tis_cap is off for the %s update: old_logprobs auto resolved to the sampler's "
@@ -172,12 +175,17 @@ def unit_test_samples_of(layout: RunLayout, iteration: int) -> list[Sample]:
 
 
 def judgment_samples(config: Config, layout: RunLayout, iteration: int, chosen_only: bool) -> list[Sample]:
-    """The RM's kept judgments of `iteration` (its advantages artifact) as trainer samples; with
-    `chosen_only`, each marks the tokens its RM chose (`to_samples`)."""
-    adv, judgments = read_artifact(layout, iteration, "advantages"), read_artifact(layout, iteration, "judgments")
-    kept = adv[(adv.kind == "rm") & adv.kept][["traj_id", "step_idx", "judge_idx", "advantage"]]
-    rows = kept.merge(judgments, on=["traj_id", "step_idx", "judge_idx"], how="inner", validate="one_to_one")
+    """The RM's kept judgments of `iteration` (its advantages artifact) and, with
+    `rm.replay_iterations` K, of the K iterations before it (marked `replayed`, with the
+    advantages they were given then), as trainer samples; with `chosen_only`, each marks the
+    tokens its RM chose (`to_samples`)."""
     choice = None
     if chosen_only:  # the RM's tokenizer spells the appended verdict tokens
         choice = verdict_choice(load_tokenizer(model_path(config, layout, "rm", iteration)))
-    return to_samples(rows, choice)
+    samples = []
+    for i in range(max(0, iteration - config.rm.replay_iterations), iteration + 1):
+        adv, judgments = read_artifact(layout, i, "advantages"), read_artifact(layout, i, "judgments")
+        kept = adv[(adv.kind == "rm") & adv.kept][["traj_id", "step_idx", "judge_idx", "advantage"]]
+        rows = kept.merge(judgments, on=["traj_id", "step_idx", "judge_idx"], how="inner", validate="one_to_one")
+        samples += [replace(s, replayed=i < iteration) for s in to_samples(rows, choice)]
+    return samples

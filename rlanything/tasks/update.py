@@ -20,6 +20,8 @@ def _update(run_dir: str, iteration: int, kind: str):
     history = train_model(config, layout, iteration, kind, samples)
     path = write_artifact(history, layout, iteration, f"{kind}_update")  # last: marks the step done
     metrics = {update_metric(kind, "samples"): len(samples), update_metric(kind, "optimizer_steps"): len(history)}
+    if replayed := sum(s.replayed for s in samples):  # rm.replay_iterations: earlier iterations' judgments
+        metrics[update_metric(kind, "replayed_samples")] = replayed
     metrics[f"checkpoint/{kind}_bytes_written"] = folder_bytes(layout.checkpoint(kind, iteration))
     if history:
         summary, per_step = update_metrics(kind, history, first_step)

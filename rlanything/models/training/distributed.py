@@ -311,6 +311,7 @@ def write_job(job: UpdateJob, samples: list[Sample], path: Path) -> Path:
             "old_logprobs": pa.array([s.old_logprobs for s in samples], pa.list_(pa.float32())),
             "advantage": pa.array([s.advantage for s in samples], pa.float32()),
             "trained": pa.array([s.trained for s in samples], pa.list_(pa.bool_())),
+            "replayed": pa.array([s.replayed for s in samples], pa.bool_()),
         }
     )
     pq.write_table(table, f"{path}.samples.parquet")
@@ -324,7 +325,15 @@ def read_job(path: Path) -> tuple[UpdateJob, list[Sample]]:
     job = UpdateJob(**json.loads(Path(path).read_text()))
     rows = pq.read_table(f"{path}.samples.parquet").to_pylist()
     samples = [
-        Sample(r["input_ids"], r["response_len"], r["old_logprobs"], r["advantage"], trained=r["trained"]) for r in rows
+        Sample(
+            r["input_ids"],
+            r["response_len"],
+            r["old_logprobs"],
+            r["advantage"],
+            trained=r["trained"],
+            replayed=r["replayed"],
+        )
+        for r in rows
     ]
     return job, samples
 

@@ -59,6 +59,9 @@ class Sample:
     trained: list[bool] | None = None
     # (response_len,): the run's starting weights' log-probs, read by the anchor KL (optim.anchor_beta)
     anchor_logprobs: list[float] | None = None
+    # a judgment an earlier iteration drew (rm.replay_iterations): its sampler log-probs are an
+    # older model's, so they are not kept beside the recomputed ones and do not measure the gap
+    replayed: bool = False
 
     def __post_init__(self):
         if self.trained is not None and (len(self.trained) != self.response_len or not any(self.trained)):
@@ -258,7 +261,10 @@ def with_trainer_logprobs(
     """`samples` with old_logprobs recomputed by `model` (the pre-update weights) and the
     sampler's kept as sampler_logprobs (`teacher_forced_logprobs`)."""
     mine = teacher_forced_logprobs(model, samples, pad_id, temperature, micro_batch_size, autocast)
-    return [replace(s, old_logprobs=lp, sampler_logprobs=list(s.old_logprobs)) for s, lp in zip(samples, mine)]
+    return [
+        replace(s, old_logprobs=lp, sampler_logprobs=None if s.replayed else list(s.old_logprobs))
+        for s, lp in zip(samples, mine)
+    ]
 
 
 def with_anchor_logprobs(
@@ -352,8 +358,9 @@ def _forward_need(model, samples: list[Sample], training: bool) -> Callable[[lis
 
 def _gap(samples: list[Sample], cap: float) -> dict:
     """The sampler/trainer gap over `samples`' response tokens (`MISMATCH`), None where the old
-    log-probs are the sampler's own."""
-    if not samples or samples[0].sampler_logprobs is None:
+    log-probs are the sampler's own; replayed samples (no sampler log-probs kept) are left out."""
+    samples = [s for s in samples if s.sampler_logprobs is not None]
+    if not samples:
         return dict.fromkeys(MISMATCH)
     trainer = [lp for s in samples for lp in s.old_logprobs]
     sampler = [lp for s in samples for lp in s.sampler_logprobs]
