@@ -238,3 +238,29 @@ def test_the_verdict_prior_benchmark_scores_the_same_prompts_under_two_rms(run, 
         p = dict(line.findall(out))
         assert len(p) == 2 and all(0 < float(v) < 1 for v in p.values()), out
         assert (p["the RM that judged them"] == p["builtin:tiny-random?seed=1"]) is same, out
+
+
+def test_rm_replay_adds_the_earlier_iterations_kept_judgments_and_recomputes_their_logprobs(run):
+    """rm.replay_iterations 1 at iteration 1 of this run: the RM trains on iteration 0's kept
+    judgments (replayed, with the advantages iteration 0 gave them) and iteration 1's, and the
+    update recomputes the old log-probs although this fp32 run would otherwise keep the sampler's."""
+    from rlanything.agent.run_context import open_run
+    from rlanything.agent.update_data import judgment_samples, update_job
+
+    result, _ = run
+    config, layout = open_run(result["run_dir"])
+    replaying = config.model_copy(update={"rm": config.rm.model_copy(update={"replay_iterations": 1})})
+    kept = []
+    for i in (0, 1):
+        adv = read_table(layout.artifact(i, "advantages"), schemas.ADVANTAGES)
+        kept.append(adv[(adv.kind == "rm") & adv.kept].advantage.tolist())
+    assert kept[0] and kept[1]
+    plain = judgment_samples(config, layout, 1, chosen_only=False)
+    samples = judgment_samples(replaying, layout, 1, chosen_only=False)
+    assert len(plain) == len(kept[1]) and not any(s.replayed for s in plain)
+    assert [s.replayed for s in samples] == [True] * len(kept[0]) + [False] * len(kept[1])
+    assert sorted(s.advantage for s in samples[: len(kept[0])]) == pytest.approx(sorted(kept[0]))
+    assert judgment_samples(replaying, layout, 0, chosen_only=False) == judgment_samples(config, layout, 0, False)
+    job = lambda c: update_job(c, layout, 1, "rm", c.rm, 0)  # noqa: E731
+    assert not job(config).recompute_old and job(replaying).recompute_old
+    assert not update_job(replaying, layout, 1, "policy", replaying.policy, 0).recompute_old

@@ -107,10 +107,12 @@ def test_job_files_round_trip(tiny_model_path, samples, tmp_path):
         (s.input_ids, s.response_len, s.advantage) for s in samples
     ]
     assert all(r.old_logprobs == pytest.approx(s.old_logprobs, abs=1e-6) for r, s in zip(read, samples))
-    assert all(r.trained is None for r in read)
+    assert all(r.trained is None and not r.replayed for r in read)
     trained = [False] * (samples[0].response_len - 1) + [True]
     marked = [Sample(s.input_ids, s.response_len, s.old_logprobs, s.advantage, trained=trained) for s in samples[:1]]
-    assert read_job(write_job(original, marked, tmp_path / "jobs" / "rm.json"))[1][0].trained == trained
+    marked[0].replayed = True  # a judgment of an earlier iteration (rm.replay_iterations)
+    again = read_job(write_job(original, marked, tmp_path / "jobs" / "rm.json"))[1][0]
+    assert again.trained == trained and again.replayed
 
 
 def test_train_config():

@@ -3,12 +3,14 @@
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from test_distributed import job as update_job  # the distributed tests' UpdateJob
 
+from rlanything.algo.mismatch import mismatch_measures
 from rlanything.config import ConfigError, build_config
 from rlanything.models.engines.transformers_engine import TransformersEngine
 from rlanything.models.loading import load_model
@@ -229,3 +231,40 @@ def test_only_an_update_from_the_runs_first_weights_rounds_them_to_a_bf16_sample
         for iteration in (0, 1)
     }
     assert rounding == {("policy", 0): "bf16", ("policy", 1): None, ("rm", 0): None, ("rm", 1): None}
+
+
+def test_a_replayed_sample_starts_its_ratio_at_one_and_stays_out_of_the_gap(tiny_model_path, tiny_tokenizer):
+    """rm.replay_iterations: a judgment an older RM drew carries that RM's log-probs, here 1 nat
+    off. Recomputed, its first ratio is exactly 1 like the others', and the sampler/trainer gap
+    is measured on the freshly drawn samples alone; counted in, the stale log-probs would read
+    as a ~1-nat gap."""
+    samples = _samples(tiny_model_path, tiny_tokenizer, "bfloat16")
+    old = [replace(s, old_logprobs=[lp - 1.0 for lp in s.old_logprobs], replayed=True) for s in samples[2:]]
+    mixed = samples[:2] + old
+    model = load_model(tiny_model_path, "float32")
+    redone = with_trainer_logprobs(
+        model, mixed, tiny_tokenizer.pad_token_id, 1.0, 2, torch.autocast("cpu", enabled=False)
+    )
+    assert [r.sampler_logprobs is None for r in redone] == [False, False, True, True]
+    fresh = with_trainer_logprobs(
+        model, samples, tiny_tokenizer.pad_token_id, 1.0, 2, torch.autocast("cpu", enabled=False)
+    )
+    assert [r.old_logprobs for r in redone] == [f.old_logprobs for f in fresh]  # the stale ones replaced
+    history, _ = _update(tiny_model_path, tiny_tokenizer, mixed, recompute_old=True)
+    assert history[0]["kl"] == 0.0  # every first ratio 1, the replayed ones' too
+    gaps = [mismatch_measures(r.old_logprobs, s.old_logprobs)["abs_mean"] for r, s in zip(fresh[:2], samples[:2])]
+    steps = [h["mismatch_abs_mean"] for h in history if h["mismatch_abs_mean"] is not None]
+    assert steps and max(steps) < 0.01 and max(gaps) < 0.01  # bf16's rounding, not the 1-nat drift
+    counted = _update(tiny_model_path, tiny_tokenizer, [replace(s, replayed=False) for s in mixed], recompute_old=True)
+    assert max(h["mismatch_abs_max"] for h in counted[0]) > 0.9  # what leaving them in would report
+
+
+def test_replay_needs_recomputed_logprobs_and_a_judge():
+    assert build_config({"rm": {"replay_iterations": 2}}).rm.replay_iterations == 2
+    for bad, match in (
+        ({"algo": {"old_logprobs": "sampler"}}, "replay_iterations .* algo.old_logprobs auto or trainer"),
+        ({"algo": {"tis_cap": 2.0}}, "replay_iterations .* algo.tis_cap null"),
+        ({"env": {"kind": "coding"}, "rm": {"role": "unit_tests"}}, "replay_iterations replays judgments"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            build_config({**bad, "rm": {"replay_iterations": 1, **bad.get("rm", {})}})
