@@ -29,6 +29,9 @@ prompt, then "\\n\\\\boxed{", then the log-odds of the option "1" against "-1"
   it trains instead on what those runs' loops trained their judges on: the distinct steps their
   sibling progress target valued, with its signs as labels (`sibling_steps`); the test is the same.
   `--train-labels game` keeps those prompts and gives them the game's labels instead (no-ops out).
+  `--train-top-layers N` trains only the last N decoder layers and the final norm
+  (`optim.train_top_layers`): does the readout the probe found learn with the rest frozen, and
+  how much cheaper is a step?
 
 What the two answer: a judge that cannot rank the held-out games' steps after this, with the true
 labels, many updates and no noise, cannot learn it in the loop either: the fix is another judge
@@ -54,6 +57,7 @@ from rlanything.algo.advantages import class_balanced
 from rlanything.algo.rm_accuracy import PROGRESS_RULES, SETBACK_RULES, auroc, auroc_interval
 from rlanything.models.judge import verdict_choice
 from rlanything.models.loading import load_model, load_tokenizer, resolve_model_path
+from rlanything.models.training.lora import train_top_layers
 
 GAME = ["split", "problem_idx"]
 PER_STEP = 8  # prompts an optimizer step (micro-batches of one, the gradient accumulated)
@@ -211,7 +215,10 @@ def finetune(verdict: Verdict, fit: pd.DataFrame, test: pd.DataFrame, args: argp
     model, fit = verdict.model, fit.reset_index(drop=True)
     good = fit.good.to_numpy()
     weight = class_balanced(np.ones(len(fit)), np.where(good, 1, -1), np.ones(len(fit), bool))  # classes n/2 each
-    optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    if args.train_top_layers:  # the loop's optim.train_top_layers: the rest frozen, its backward skipped
+        train_top_layers(model, args.train_top_layers)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optim = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     rows, order = [], list(range(len(fit)))
     for epoch in range(1, args.epochs + 1):
         random.Random(args.seed + epoch).shuffle(order)
@@ -223,7 +230,7 @@ def finetune(verdict: Verdict, fit: pd.DataFrame, test: pd.DataFrame, args: argp
             loss.backward()
             losses.append(float(loss.detach()) * PER_STEP)
             if n % PER_STEP == 0 or n == len(order):
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
                 optim.step()
                 optim.zero_grad()
         model.eval()
@@ -269,6 +276,7 @@ def main() -> None:
     ap.add_argument("--train-runs", type=Path, nargs="*", default=[], help="finetune on these runs' sibling targets")
     ap.add_argument("--train-labels", choices=["sibling", "game"], default="sibling", help="--train-runs' labels")
     ap.add_argument("--train-limit", type=int, default=0, help="finetune on a sample of this many train-half steps")
+    ap.add_argument("--train-top-layers", type=int, help="finetune only the last N decoder layers (the loop's option)")
     ap.add_argument("--eval-epochs", type=int, nargs="*", help="the epochs after which to test (default: each)")
     ap.add_argument("--states", type=Path, help="probe: the .npz an earlier probe of these steps wrote (no passes)")
     ap.add_argument("--limit", type=int, default=0, help="a sample of this many steps (a quick try); 0: all")

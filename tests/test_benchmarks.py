@@ -216,6 +216,9 @@ def test_judge_capacity_finetune_learns_a_separable_label_and_probe_reads_the_st
     assert [e for e, *_ in last] == ["1", "2", "3"] and last[-1][1:] == ("1.000", "1.000"), out
     rows = pd.read_csv(tmp_path / "f.csv")
     assert len(rows) == 3 * 12 and rows.problem_idx.nunique() == 6  # the test half, every epoch
+    top = ["--train-top-layers", "1", "--out", f"{tmp_path}/t.csv"]  # the last of 2 layers and the norm only
+    out = run_benchmark("judge_capacity", "finetune", *dirs, *rm, "--epochs", "3", "--lr", "3e-3", *top)
+    assert re.findall(r"^epoch 3 \(.*test half AUROC ([\d.]+) .*; train half ([\d.]+)$", out, re.M) == [("1.000",) * 2]
     out = run_benchmark("judge_capacity", "probe", *dirs, *rm, "--out", f"{tmp_path}/p.npz")
     assert re.search(r"^probe on 3 layers: test half AUROC [\d.]+ ", out, re.M), out
     assert (

@@ -314,3 +314,9 @@ def test_unknown_keys_stay_errors_in_both_layouts():
         build_config({"env": {"options": {"datset": "x"}}})
     with pytest.raises(ConfigError, match=r"adapt\.modle"):
         build_config({"adapt": {"modle": "x"}})
+
+
+def test_top_layer_training_is_refused_with_lora():
+    assert build_config({"rm": {"optim": {"train_top_layers": 4}}}).rm.optim.train_top_layers == 4
+    with pytest.raises(ConfigError, match="policy.optim.train_top_layers trains whole layers: not with policy.lora"):
+        build_config({"policy": {"optim": {"train_top_layers": 4}, "lora": {"enabled": True}}})

@@ -86,6 +86,7 @@ def update_job(
         anchor=str(model_path(config, layout, kind, 0).resolve()) if optim.anchor_beta else None,
         anchor_beta=optim.anchor_beta,
         gradient_checkpointing=optim.gradient_checkpointing,
+        train_top_layers=optim.train_top_layers,
         lora=section.lora.model_dump(),
         lr=optim.lr,
         weight_decay=optim.weight_decay,

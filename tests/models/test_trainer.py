@@ -9,6 +9,7 @@ from rlanything.algo.losses import ppo_clip_loss
 from rlanything.models.engines.transformers_engine import TransformersEngine, response_logprobs
 from rlanything.models.loading import load_model
 from rlanything.models.prompts import policy_messages, render
+from rlanything.models.training.lora import train_top_layers
 from rlanything.models.training.saving import OPTIMIZER_STATE, save_checkpoint
 from rlanything.models.training.trainer import (
     Sample,
@@ -300,3 +301,37 @@ def test_entropy_is_the_mean_next_token_entropy_of_the_responses(tiny_model_path
     (step,) = _update(model, samples, tiny_tokenizer.pad_token_id, lr=1e-12)
     assert step["entropy"] == pytest.approx(sum(expected) / len(expected), rel=1e-4)
     assert 0 < step["entropy"] <= math.log(model.config.vocab_size)
+
+
+def test_training_the_top_layers_gives_their_full_model_gradient_and_nothing_below(tiny_model_path, tiny_tokenizer):
+    """optim.train_top_layers 1 on the 2-layer tiny model: the last layer and the final norm
+    train with the gradient the whole model's backward gives them; nothing else gets one."""
+    _, samples = batch(tiny_model_path, tiny_tokenizer)
+    full, top = load_model(tiny_model_path), load_model(tiny_model_path)
+    train_top_layers(top, 1)
+    trained = {name for name, p in top.named_parameters() if p.requires_grad}
+    assert top.config.num_hidden_layers == 2 and top.config.tie_word_embeddings  # the head is the embeddings
+    assert trained == {n for n, _ in top.named_parameters() if ".layers.1." in n or n == "model.norm.weight"}
+    for model in (full, top):
+        one_step_gradient(model, samples, tiny_tokenizer.pad_token_id, micro=2)
+    reference = dict(full.named_parameters())
+    for name, p in top.named_parameters():
+        if name in trained:
+            assert torch.allclose(p.grad, reference[name].grad, atol=1e-7, rtol=1e-5), name
+        else:
+            assert p.grad is None and reference[name].grad.abs().sum() > 0, name  # it had one to lose
+    with pytest.raises(ValueError, match="train_top_layers 3: the model has 2 decoder layers"):
+        train_top_layers(load_model(tiny_model_path), 3)
+
+
+def test_an_update_of_the_top_layers_writes_the_lower_weights_unchanged(tiny_model_path, tiny_tokenizer, tmp_path):
+    from test_distributed import job
+
+    from rlanything.models.training.distributed import run_update
+
+    _, samples = batch(tiny_model_path, tiny_tokenizer)
+    run_update(job(tiny_model_path, tmp_path / "out", train_top_layers=1), samples)
+    start, after = load_model(tiny_model_path).state_dict(), load_model(tmp_path / "out").state_dict()
+    moved = {name for name in start if not torch.equal(start[name], after[name])}
+    assert moved and all(".layers.1." in name or name == "model.norm.weight" for name in moved), moved
+    assert any(".layers.1.mlp" in name for name in moved)

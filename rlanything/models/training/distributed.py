@@ -48,7 +48,7 @@ from rlanything import memory, procs
 from rlanything.algo.schedule import learning_rate
 from rlanything.models.loading import ADAPTER_DIR, load_model, resolve_device
 from rlanything.models.precision import ACCELERATE_PRECISION, dither_to_bf16_
-from rlanything.models.training.lora import load_for_training
+from rlanything.models.training.lora import load_for_training, train_top_layers
 from rlanything.models.training.saving import OPTIMIZER_STATE, save_checkpoint
 from rlanything.models.training.trainer import (
     Sample,
@@ -93,6 +93,7 @@ class UpdateJob:
     anchor: str | None = None  # the run's starting weights, for the anchor KL (optim.anchor_beta)
     anchor_beta: float = 0.0
     gradient_checkpointing: bool = False  # optim.gradient_checkpointing
+    train_top_layers: int | None = None  # optim.train_top_layers: only the last N decoder layers train
     memory_gb: float | None = None  # run.memory_gb: the budget of each process of a launched update
     # "bf16": a bf16 sampler ran the start weights; place them within its values first, so that
     # it sees each step in proportion (precision.dither_to_bf16_)
@@ -204,6 +205,8 @@ def run_update(
     model, tokenizer = load_for_training(Path(job.start), base, _lora(job), seed=job.seed)
     if job.dither_start_to == "bf16":
         dither_to_bf16_(model, job.seed)
+    if job.train_top_layers:
+        train_top_layers(model, job.train_top_layers)
     if job.gradient_checkpointing:
         checkpoint_layers(model)
     device = resolve_device(job.device) if backend == "torch" else _process_device()

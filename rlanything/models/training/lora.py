@@ -1,4 +1,5 @@
-"""LoRA (peft) for the policy and the RM: train small adapters, keep the base frozen.
+"""What an update trains: LoRA (peft) adapters over a frozen base, or only the top decoder layers
+(`train_top_layers`); otherwise every weight.
 
 Why: the update step then holds AdamW moments for ~1% of the weights, and a 7B policy trains
 on one GPU. How it fits the loop:
@@ -70,3 +71,25 @@ def load_for_training(start: Path, dtype: str, lora, seed: int = 0):
         # Record the absolute base folder: the adapter is meaningless without it.
         model.peft_config["default"].base_model_name_or_path = str(start.resolve())
     return model.eval(), tokenizer
+
+
+def train_top_layers(model, n: int) -> None:
+    """Leave trainable only the last `n` decoder layers, the final norm and an LM head not tied
+    to the input embeddings (`optim.train_top_layers`); freeze the rest. The backward then stops
+    at the first trainable layer, and AdamW keeps moments for the trained weights alone. The
+    trained weights' gradients are the full model's: freezing drops the others, it changes none.
+
+    Worked example: SmolLM2-135M has 30 layers; n = 4 trains layers 26-29 and the final norm
+    (its LM head is the embedding matrix: frozen), 14.2M of its 134.5M weights."""
+    decoder = model.get_decoder()
+    layers = getattr(decoder, "layers", None)
+    if layers is None or not 1 <= n <= len(layers):
+        have = "no decoder layers" if layers is None else f"{len(layers)} decoder layers"
+        raise ValueError(f"optim.train_top_layers {n}: the model has {have}")
+    model.requires_grad_(False)
+    for module in (*layers[-n:], getattr(decoder, "norm", None)):
+        if module is not None:
+            module.requires_grad_(True)
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and head.weight is not embeddings.weight:
+        head.requires_grad_(True)
