@@ -29,6 +29,9 @@ prompt, then "\\n\\\\boxed{", then the log-odds of the option "1" against "-1"
   it trains instead on what those runs' loops trained their judges on: the distinct steps their
   sibling progress target valued, with its signs as labels (`sibling_steps`); the test is the same.
   `--train-labels game` keeps those prompts and gives them the game's labels instead (no-ops out).
+  `--loss reward` trains with the loop's own objective in expectation instead, the expected
+  reward of a verdict drawn at the judge's temperature (`verdict_loss`): no sampling and no
+  clip, only the objective's shape (it saturates where the log-loss does not).
   `--train-top-layers N` trains only the last N decoder layers and the final norm
   (`optim.train_top_layers`): does the readout the probe found learn with the rest frozen, and
   how much cheaper is a step?
@@ -55,6 +58,7 @@ import torch
 from benchmarks.common import cpu_line, header
 from rlanything.algo.advantages import class_balanced
 from rlanything.algo.rm_accuracy import PROGRESS_RULES, SETBACK_RULES, auroc, auroc_interval
+from rlanything.config import RewardModelConfig
 from rlanything.models.judge import verdict_choice
 from rlanything.models.loading import load_model, load_tokenizer, resolve_model_path
 from rlanything.models.training.lora import train_top_layers
@@ -226,7 +230,7 @@ def finetune(verdict: Verdict, fit: pd.DataFrame, test: pd.DataFrame, args: argp
         start, losses = time.perf_counter(), []
         for n, i in enumerate(order, 1):
             sign = 1.0 if good[i] else -1.0
-            loss = weight[i] * torch.nn.functional.softplus(-sign * verdict(fit.prompt[i])) / PER_STEP
+            loss = weight[i] * verdict_loss(verdict(fit.prompt[i]), sign, args.loss) / PER_STEP
             loss.backward()
             losses.append(float(loss.detach()) * PER_STEP)
             if n % PER_STEP == 0 or n == len(order):
@@ -245,6 +249,23 @@ def finetune(verdict: Verdict, fit: pd.DataFrame, test: pd.DataFrame, args: argp
         )
         rows.append(test[[*GAME, "step_idx", "rule", "good"]].assign(epoch=epoch, log_odds=test_odds))
         pd.concat(rows).to_csv(args.out, index=False)  # after each tested epoch: a stopped run keeps its rows
+
+
+RM_TEMPERATURE = RewardModelConfig.model_fields["temperature"].default  # the loop's verdict draws
+
+
+def verdict_loss(odds: torch.Tensor, sign: float, loss: str) -> torch.Tensor:
+    """A verdict's loss against the label `sign` (±1), from its log-odds. `cross_entropy`: the
+    log-loss of the two options, softplus(−sign · odds). `reward`: the loop's own objective taken
+    in expectation instead of sampled, −E[sign · S] = −sign · (2p − 1) with p = P(S = +1) at the
+    judge's sampling temperature T (the shipped `rm.temperature`). Its gradient in the odds,
+    −2·sign·p(1 − p)/T, vanishes as p nears 0 or 1; the log-loss's, −sign·(1 − p) for a
+    positive label, does not. Worked example: odds 4 (p 0.993 at T 0.8), sign −1: log-loss 4.02
+    with gradient 0.98 in the odds; reward loss 0.987 with gradient 0.017."""
+    if loss == "cross_entropy":
+        return torch.nn.functional.softplus(-sign * odds)
+    p = torch.sigmoid(odds / RM_TEMPERATURE)
+    return -sign * (2 * p - 1)
 
 
 def training_steps(steps: pd.DataFrame, train: np.ndarray, args: argparse.Namespace) -> pd.DataFrame:
@@ -276,6 +297,7 @@ def main() -> None:
     ap.add_argument("--train-runs", type=Path, nargs="*", default=[], help="finetune on these runs' sibling targets")
     ap.add_argument("--train-labels", choices=["sibling", "game"], default="sibling", help="--train-runs' labels")
     ap.add_argument("--train-limit", type=int, default=0, help="finetune on a sample of this many train-half steps")
+    ap.add_argument("--loss", choices=["cross_entropy", "reward"], default="cross_entropy", help="see verdict_loss")
     ap.add_argument("--train-top-layers", type=int, help="finetune only the last N decoder layers (the loop's option)")
     ap.add_argument("--eval-epochs", type=int, nargs="*", help="the epochs after which to test (default: each)")
     ap.add_argument("--states", type=Path, help="probe: the .npz an earlier probe of these steps wrote (no passes)")

@@ -283,3 +283,18 @@ def test_judge_capacity_trains_on_the_runs_prompts_with_either_label(tmp_path):
     args.train_runs, args.train_limit = [], 5
     fit = training_steps(steps, train, args)
     assert len(fit) == 5 and set(fit.index) <= set(np.flatnonzero(train))
+
+
+def test_judge_capacity_verdict_losses_by_hand():
+    """Odds 4 against a −1 label: the log-loss softplus(4) = 4.018 pushes back with gradient
+    σ(4) = 0.982; the loop's expected reward at T 0.8, p = σ(5) = 0.99331, costs 2p − 1 = 0.98661
+    and pushes back with only 2p(1 − p)/0.8 = 0.01662."""
+    import torch
+
+    from benchmarks.judge_capacity import verdict_loss
+
+    for loss, value, grad in (("cross_entropy", 4.01815, 0.98201), ("reward", 0.98661, 0.01662)):
+        odds = torch.tensor(4.0, requires_grad=True)
+        out = verdict_loss(odds, -1.0, loss)
+        out.backward()
+        assert (round(out.item(), 5), round(odds.grad.item(), 5)) == (value, grad), loss
