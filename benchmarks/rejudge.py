@@ -28,7 +28,14 @@ from rlanything.storage.layout import RunLayout
 from rlanything.storage.parquet import read_table
 from rlanything.storage.schemas import EVAL_EPISODES, EVAL_JUDGMENTS, EVAL_STEP_LABELS, EVAL_STEPS
 
-SHOWN = ("rm_outcome_auroc", "rm_progress_auroc", "rm_process_auroc", "rm_process_accuracy", "rm_last_auroc")
+SHOWN = (
+    "rm_outcome_auroc",
+    "rm_progress_auroc",
+    "rm_process_auroc",
+    "rm_process_accuracy",
+    "rm_last_auroc",
+    "plus_share",  # of the parsed verdicts: a judge that says +1 (or −1) to nearly all ranks nothing
+)
 
 
 def rm_weights(target: str) -> tuple[Path, str]:
@@ -40,7 +47,8 @@ def rm_weights(target: str) -> tuple[Path, str]:
 
 
 def measures(episodes: pd.DataFrame, judged: pd.DataFrame, labels: pd.DataFrame, split: str) -> dict:
-    return rm_measures(episodes, judged, labels)[split]
+    parsed = judged[judged.parsed]
+    return rm_measures(episodes, judged, labels)[split] | {"plus_share": float((parsed.step_score == 1).mean())}
 
 
 def main(argv: list[str] | None = None) -> int:
