@@ -15,12 +15,15 @@ script prints the outcome and process measures of both judges side by side. It w
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from rlanything.agent.eval_judge import eval_contexts, judge_split, rm_measures
+from rlanything.algo.rm_accuracy import verdict_shares
 from rlanything.config import load_config
 from rlanything.models.loading import resolve_model_path
 from rlanything.models.precision import precision_of
@@ -47,8 +50,8 @@ def rm_weights(target: str) -> tuple[Path, str]:
 
 
 def measures(episodes: pd.DataFrame, judged: pd.DataFrame, labels: pd.DataFrame, split: str) -> dict:
-    parsed = judged[judged.parsed]
-    return rm_measures(episodes, judged, labels)[split] | {"plus_share": float((parsed.step_score == 1).mean())}
+    shares = verdict_shares(judged.step_score.to_numpy(), judged.parsed.to_numpy(), np.full(len(judged), "all"))
+    return rm_measures(episodes, judged, labels)[split] | {"plus_share": shares.get("all", (math.nan,))[0]}
 
 
 def main(argv: list[str] | None = None) -> int:
