@@ -520,6 +520,14 @@ class AlgoConfig(_Section):
     does not train (`zero_std`), so a judge that says −1 unanimously cannot be corrected.
     `reward` (our departure, docs/method.md): the reward itself (R·S_j, or sign(progress)·S_j;
     −2 unparseable), every judged step trains."""
+    rm_verdicts: Literal["drawn", "expected"] = "drawn"
+    """Which verdicts of a judged step train the RM. `drawn`: its m sampled judgments (the paper).
+    `expected` (our departure, docs/method.md): both verdicts, +1 and −1, weighted by the judge's
+    own probabilities of them (`algo.advantages.expected_verdict_advantages`), so that an update's
+    first step follows the exact gradient of the paid reward in expectation, without the noise
+    of m draws. Needs a direct constrained verdict (rm.max_new_tokens 0), rm.train_forced_tokens
+    false, rm_advantage reward and no rm.replay_iterations; the m judgments still give the
+    policy's step scores."""
     rm_target: Literal["outcome", "progress"] = "outcome"
     """What a judgment of the RM is paid for. `outcome`: R·S_j, its episode's outcome and the
     step scores (the paper). `progress` (our departure, docs/method.md): sign(V(s_t+1) −
@@ -694,6 +702,8 @@ class Config(_Section):
                 )
         if self.rm.replay_iterations:
             self._check_replay()
+        if self.algo.rm_verdicts == "expected":
+            self._check_expected_verdicts()
         if self.algo.rm_balance and self.rm.role != "judge":
             raise ValueError("algo.rm_balance reweights judgments: it needs rm.role judge")
         if self.algo.rm_advantage != "zscore" and self.rm.role != "judge":
@@ -727,6 +737,21 @@ class Config(_Section):
                 "rm.replay_iterations trains on judgments an older RM drew, against log-probs the "
                 "update recomputes: set algo.old_logprobs auto or trainer, and algo.tis_cap null"
             )
+
+    def _check_expected_verdicts(self) -> None:
+        # Both verdicts of a step train with the probabilities the judge gave them when it judged:
+        # a verdict with no reasoning before it, the decision token alone, paid per unit of S.
+        needs = {
+            "rm.verdict: constrained and rm.max_new_tokens: 0 (a direct verdict)": self.rm.verdict == "constrained"
+            and self.rm.max_new_tokens == 0,
+            "rm.train_forced_tokens: false (the decision token alone)": not self.rm.train_forced_tokens,
+            "algo.rm_advantage: reward (a judgment's advantage is its payoff times S)": self.algo.rm_advantage
+            == "reward",
+            "rm.replay_iterations: 0 (an older judge's probabilities)": self.rm.replay_iterations == 0,
+        }
+        missing = [need for need, ok in needs.items() if not ok]
+        if missing:
+            raise ValueError("algo.rm_verdicts expected needs " + "; ".join(missing))
 
     def _check_no_rm(self) -> None:
         # Without judgments nothing may need them: the policy's reward, the RM's samples, the critic.

@@ -320,3 +320,21 @@ def test_top_layer_training_is_refused_with_lora():
     assert build_config({"rm": {"optim": {"train_top_layers": 4}}}).rm.optim.train_top_layers == 4
     with pytest.raises(ConfigError, match="policy.optim.train_top_layers trains whole layers: not with policy.lora"):
         build_config({"policy": {"optim": {"train_top_layers": 4}, "lora": {"enabled": True}}})
+
+
+def test_expected_verdicts_need_a_direct_verdict_paid_per_unit_of_s():
+    ok = {
+        "rm": {"verdict": "constrained", "max_new_tokens": 0, "train_forced_tokens": False},
+        "algo": {"rm_verdicts": "expected", "rm_advantage": "reward"},
+    }
+    assert build_config(ok).algo.rm_verdicts == "expected"
+    assert build_config({}).algo.rm_verdicts == "drawn"  # the paper's
+    for key, value, named in (
+        ("max_new_tokens", 8, "rm.max_new_tokens: 0"),
+        ("train_forced_tokens", True, "rm.train_forced_tokens: false"),
+        ("replay_iterations", 2, "rm.replay_iterations: 0"),
+    ):
+        with pytest.raises(ConfigError, match=f"algo.rm_verdicts expected needs .*{named}"):
+            build_config({**ok, "rm": {**ok["rm"], key: value}})
+    with pytest.raises(ConfigError, match="algo.rm_advantage: reward"):
+        build_config({**ok, "algo": {"rm_verdicts": "expected"}})

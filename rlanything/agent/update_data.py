@@ -15,9 +15,11 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 
 from rlanything.agent.run_context import model_path, saved_models
+from rlanything.algo.advantages import expected_verdict_advantages
 from rlanything.algo.mismatch import combine_steps
 from rlanything.config import Config, PolicyConfig, RewardModelConfig
 from rlanything.metric_names import STEP_MEASURES, update_metric
@@ -179,7 +181,8 @@ def judgment_samples(config: Config, layout: RunLayout, iteration: int, chosen_o
     """The RM's kept judgments of `iteration` (its advantages artifact) and, with
     `rm.replay_iterations` K, of the K iterations before it (marked `replayed`, with the
     advantages they were given then), as trainer samples; with `chosen_only`, each marks the
-    tokens its RM chose (`to_samples`)."""
+    tokens its RM chose (`to_samples`). With `algo.rm_verdicts` expected, each judged step
+    with kept judgments gives its two verdicts instead (`expected_verdict_samples`)."""
     choice = None
     if chosen_only:  # the RM's tokenizer spells the appended verdict tokens
         choice = verdict_choice(load_tokenizer(model_path(config, layout, "rm", iteration)))
@@ -188,5 +191,46 @@ def judgment_samples(config: Config, layout: RunLayout, iteration: int, chosen_o
         adv, judgments = read_artifact(layout, i, "advantages"), read_artifact(layout, i, "judgments")
         kept = adv[(adv.kind == "rm") & adv.kept][["traj_id", "step_idx", "judge_idx", "advantage"]]
         rows = kept.merge(judgments, on=["traj_id", "step_idx", "judge_idx"], how="inner", validate="one_to_one")
-        samples += [replace(s, replayed=i < iteration) for s in to_samples(rows, choice)]
+        if config.algo.rm_verdicts == "expected":
+            samples += expected_verdict_samples(rows, choice)
+        else:
+            samples += [replace(s, replayed=i < iteration) for s in to_samples(rows, choice)]
     return samples
+
+
+def expected_verdict_samples(rows: pd.DataFrame, choice: Choice) -> list[Sample]:
+    """`algo.rm_verdicts` expected: the kept judgments `rows` (as `to_samples` reads them, with
+    unchosen_logprobs) -> two samples per judged step, its +1 and its -1 direct verdict, each
+    training its decision token with the advantage of `expected_verdict_advantages`: the payoff
+    a = advantage * S_j of the step's judgments (one value a step under `rm_advantage: reward`)
+    and the judge's probabilities of the two verdicts, read from the first option tokens' recorded
+    log-probs. Raises ValueError for a judgment without both options' log-probs, or a step
+    whose judgments disagree on the payoff."""
+    steps = []
+    for (traj_id, step_idx), step in rows.groupby(["traj_id", "step_idx"], sort=True):
+        payoff = step.advantage.to_numpy() * step.step_score.to_numpy()
+        if abs(payoff.max() - payoff.min()) > 1e-9 * (abs(payoff).max() + 1):
+            raise ValueError(
+                f"step {step_idx} of trajectory {traj_id}: its judgments' payoffs differ {payoff.tolist()}"
+            )
+        row = step.iloc[0]
+        if row.unchosen_logprobs is None:
+            raise ValueError(
+                f"step {step_idx} of trajectory {traj_id}: the judgment lacks the unchosen verdict's log-probs "
+                "(algo.rm_verdicts expected needs direct constrained verdicts judged by this version)"
+            )
+        score = int(row.step_score)
+        verdicts = {score: (list(row.response_ids), list(row.logprobs))}
+        verdicts[-score] = (choice.opener + choice.options[-score] + choice.closer, list(row.unchosen_logprobs))
+        steps.append((list(row.prompt_ids), float(payoff[0]), verdicts))
+    if not steps:
+        return []
+    first = len(choice.opener)  # the decision token's place in a direct verdict
+    plus, minus = (np.array([v[s][1][first] for _, _, v in steps]) for s in (1, -1))
+    advantages = expected_verdict_advantages(np.array([a for _, a, _ in steps]), plus, minus)
+    return [
+        Sample(prompt + tail, len(tail), logprobs, float(adv), trained=chosen_tokens(tail, verdict, choice))
+        for (prompt, _, verdicts), pair in zip(steps, advantages)
+        for verdict, adv in zip((1, -1), pair)
+        for tail, logprobs in [verdicts[verdict]]
+    ]

@@ -211,3 +211,39 @@ def class_balanced(advantage: np.ndarray, label: np.ndarray, kept: np.ndarray) -
         rows = kept & (label == c)
         advantage[rows] *= n / (2 * n_c)
     return advantage
+
+
+def expected_verdict_advantages(payoff: np.ndarray, plus_logprob: np.ndarray, minus_logprob: np.ndarray) -> np.ndarray:
+    """The advantages of a judged step's two constrained verdicts, +1 and -1, trained together so
+    that an update's first step follows the exact gradient of what the judge is paid in
+    expectation over its own verdict, instead of m sampled verdicts' estimate of it
+    (`algo.rm_verdicts: expected`, our departure).
+
+    payoff (N,): what a verdict S earns per unit of S, a = R (or the step's progress sign),
+    times any class weight; a kept judgment's advantage is a*S_j under `rm_advantage: reward`.
+    plus_logprob, minus_logprob (N,): the first token of "1" and of "-1" right after "\\boxed{",
+    under the full softmax at the judge's temperature T, as the judgment recorded them.
+    -> (N, 2): the advantages of the +1 and the -1 sample, c and -c with c = 4*a*p*(1-p),
+    p = P(+1) renormalised over the two options = sigmoid(plus_logprob - minus_logprob).
+
+    Why: the judge is paid J = E_S[a*S] = a*(2p - 1), whose gradient is 2a*p*(1-p) times the
+    gradient of the first tokens' logit difference. At an update's first step (ratio 1) the
+    trainer's loss is the mini-batch mean of -A*grad(log-prob). For these two samples the full
+    softmax's normaliser cancels, grad(l+) - grad(l-) = grad(z+ - z-)/T, so advantages +-c with
+    c/2 = 2a*p*(1-p) give exactly -grad J per step: the per-step weight of m drawn judgments,
+    which are m samples of a mean too. The drawn judgments estimate, with the noise of m draws,
+    sum_S p(S)*a*S*grad(log of the full-softmax probability of S): grad J plus a*(2p - 1) times
+    the gradient of the log of the two options' total mass.
+
+    Worked example: a = 1, first tokens' probabilities 0.6 and 0.2 -> p = 0.75, c = 0.75.
+    >>> expected_verdict_advantages(np.array([1.0, -2.0]), np.log([0.6, 0.5]), np.log([0.2, 0.5])).round(4).tolist()
+    [[0.75, -0.75], [-2.0, 2.0]]
+    """
+    payoff, plus, minus = (np.asarray(a, dtype=np.float64) for a in (payoff, plus_logprob, minus_logprob))
+    if not payoff.shape == plus.shape == minus.shape or payoff.ndim != 1:
+        raise ValueError(
+            f"need payoff, plus_logprob, minus_logprob all (N,); got {payoff.shape}, {plus.shape}, {minus.shape}"
+        )
+    p = 1.0 / (1.0 + np.exp(minus - plus))
+    c = 4.0 * payoff * p * (1.0 - p)
+    return np.stack([c, -c], axis=1)

@@ -61,7 +61,7 @@ def judge_steps(
     sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
     judged = _judgments(engine, tokenizer, [ids for _, ids in prompts], judgments_per_step, verdict, sampling, cache)
     rows = []
-    for n, (reasoning, response_ids, logprobs, score, raw_box) in enumerate(judged):
+    for n, (reasoning, response_ids, logprobs, score, raw_box, unchosen) in enumerate(judged):
         k, j = divmod(n, judgments_per_step)
         step = steps[k]
         rows.append(
@@ -79,6 +79,7 @@ def judge_steps(
                 "prompt_ids": prompts[k][1],
                 "response_ids": response_ids,
                 "logprobs": logprobs,
+                "unchosen_logprobs": unchosen,
             }
         )
     return rows
@@ -86,7 +87,7 @@ def judge_steps(
 
 def _judgments(engine, tokenizer, prompts, m: int, verdict: str, sampling: dict, cache: PrefixCache) -> list[tuple]:
     """The m judgments of each prompt, prompt-major: (reasoning, response ids, log-probs, score or
-    None, raw box) each. `sampling`: max_new_tokens, temperature, top_p and seed."""
+    None, raw box, the unchosen verdict's log-probs or None) each. `sampling`: max_new_tokens, temperature, top_p and seed."""
     temperature, seed = sampling["temperature"], sampling["seed"]
     choice = verdict_choice(tokenizer) if verdict == "constrained" else None
     if choice is not None and sampling["max_new_tokens"] == 0:  # a direct verdict: nothing to decode
@@ -100,7 +101,7 @@ def _judgments(engine, tokenizer, prompts, m: int, verdict: str, sampling: dict,
     if choice is not None:  # engines without `decodes_choices`: the options scored afterwards
         return _constrained_verdicts(engine, tokenizer, choice, jobs, gens, temperature, seed, cache)
     return [
-        (gen.text, gen.token_ids, gen.logprobs, parse_step_score(gen.text), extract_last_boxed(gen.text))
+        (gen.text, gen.token_ids, gen.logprobs, parse_step_score(gen.text), extract_last_boxed(gen.text), None)
         for gen in gens
     ]
 
@@ -176,12 +177,13 @@ def _decoded_verdict(tokenizer, gen: Generation, choice: Choice) -> tuple:
     then opener, option and closer."""
     tail = len(choice.opener) + len(choice.options[gen.choice]) + len(choice.closer)
     reasoning = tokenizer.decode(gen.token_ids[: len(gen.token_ids) - tail], skip_special_tokens=True)
-    return _verdict(reasoning, gen.token_ids, gen.logprobs, gen.choice)
+    return _verdict(reasoning, gen.token_ids, gen.logprobs, gen.choice, None)
 
 
-def _verdict(reasoning: str, response_ids: list[int], logprobs: list[float], score: int) -> tuple:
-    """-> (reasoning text ending in its verdict box, response ids, log-probs, score, raw box)."""
-    return reasoning + "\n\\boxed{" + str(score) + "}", response_ids, logprobs, score, str(score)
+def _verdict(reasoning: str, response_ids: list[int], logprobs: list[float], score: int, unchosen) -> tuple:
+    """-> (reasoning text ending in its verdict box, response ids, log-probs, score, raw box,
+    `unchosen`: the other option's verdict log-probs where both were scored, else None)."""
+    return reasoning + "\n\\boxed{" + str(score) + "}", response_ids, logprobs, score, str(score), unchosen
 
 
 def _direct_verdicts(
@@ -201,7 +203,8 @@ def _direct_verdicts(
     for rows, firsts in _scored_options(engine, choice, prompts, temperature, cache):
         for _ in range(m):
             score = choice.pick(firsts, rng.random())
-            out.append(_verdict("", choice.opener + choice.options[score] + choice.closer, rows[score], score))
+            tail = choice.opener + choice.options[score] + choice.closer
+            out.append(_verdict("", tail, rows[score], score, rows[-score]))
     return out
 
 
@@ -221,7 +224,8 @@ def _constrained_verdicts(
         score = choice.pick(firsts, rng.random())
         reasoning = tokenizer.decode(ids, skip_special_tokens=True)
         logprobs = gen.logprobs[: len(ids)] + rows[score]
-        out.append(_verdict(reasoning, ids + choice.opener + choice.options[score] + choice.closer, logprobs, score))
+        tail = ids + choice.opener + choice.options[score] + choice.closer
+        out.append(_verdict(reasoning, tail, logprobs, score, rows[-score]))
     return out
 
 

@@ -93,6 +93,10 @@ JUDGMENTS = pa.schema(
         pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("response_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("logprobs", pa.list_(pa.float32()), nullable=False),
+        # a constrained verdict scored with both options (a direct verdict, or an engine that scores
+        # after the reasoning): the log-probs of the verdict not drawn (opener, option, closer); else
+        # null. With `logprobs` it gives both options' probabilities (algo.rm_verdicts expected)
+        pa.field("unchosen_logprobs", pa.list_(pa.float32())),
         pa.field("weights", pa.string(), nullable=False),  # the RM checkpoint folder that judged
     ]
 )
