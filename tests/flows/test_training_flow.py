@@ -264,3 +264,29 @@ def test_rm_replay_adds_the_earlier_iterations_kept_judgments_and_recomputes_the
     job = lambda c: update_job(c, layout, 1, "rm", c.rm, 0)  # noqa: E731
     assert not job(config).recompute_old and job(replaying).recompute_old
     assert not update_job(replaying, layout, 1, "policy", replaying.policy, 0).recompute_old
+
+
+def test_expected_verdicts_train_each_judged_steps_two_verdicts(prefect_server, tmp_path):
+    """algo.rm_verdicts expected through the real flow (one iteration, direct verdicts): the RM
+    update trains two samples a judged step with kept judgments, not its m = 3 judgments, and
+    its weights move."""
+    from rlanything.agent.run_context import open_run
+    from rlanything.agent.update_data import judgment_samples
+    from rlanything.flows.training import train_flow
+
+    overrides = [f"run.root={tmp_path}", "run.name=expected", "run.iterations=1", "env.num_problems=2"]
+    overrides += ["policy.tasks_per_iteration=2", "rm.max_new_tokens=0", "rm.train_forced_tokens=false"]
+    overrides += ["algo.rm_advantage=reward", "algo.rm_verdicts=expected", "adapt.enabled=false"]
+    result = train_flow(str(REPO / "configs" / "tiny.yaml"), overrides)
+    config, layout = open_run(result["run_dir"])
+    adv = read_table(layout.artifact(0, "advantages"), schemas.ADVANTAGES)
+    kept = adv[(adv.kind == "rm") & adv.kept]
+    judged_steps = kept.groupby(["traj_id", "step_idx"]).ngroups
+    assert judged_steps > 0 and len(kept) == 3 * judged_steps
+    update = read_table(layout.artifact(0, "rm_update"), schemas.UPDATE)
+    assert update.num_samples.sum() == 2 * judged_steps and update.num_tokens.sum() == 2 * judged_steps
+    samples = judgment_samples(config, layout, 0, chosen_only=True)
+    assert [s.advantage > 0 for s in samples[::2]] == [s.advantage < 0 for s in samples[1::2]]
+    start = load_model(resolve_model_path(config.rm.model)).state_dict()
+    trained = load_model(layout.checkpoint("rm", 0)).state_dict()
+    assert any(not torch.equal(start[k], trained[k]) for k in start)
