@@ -526,8 +526,9 @@ class AlgoConfig(_Section):
     own probabilities of them (`algo.advantages.expected_verdict_advantages`), so that an update's
     first step follows the exact gradient of the paid reward in expectation, without the noise
     of m draws. Needs a direct constrained verdict (rm.max_new_tokens 0), rm.train_forced_tokens
-    false, rm_advantage reward and no rm.replay_iterations; the m judgments still give the
-    policy's step scores."""
+    false, rm_advantage reward, no rm.replay_iterations and one RM mini-batch an iteration
+    (rm.optim.updates_per_iteration 1: a step's two verdicts cancel the softmax's normaliser only
+    together); the m judgments still give the policy's step scores."""
     rm_target: Literal["outcome", "progress"] = "outcome"
     """What a judgment of the RM is paid for. `outcome`: R·S_j, its episode's outcome and the
     step scores (the paper). `progress` (our departure, docs/method.md): sign(V(s_t+1) −
@@ -741,13 +742,16 @@ class Config(_Section):
     def _check_expected_verdicts(self) -> None:
         # Both verdicts of a step train with the probabilities the judge gave them when it judged:
         # a verdict with no reasoning before it, the decision token alone, paid per unit of S.
+        rm = self.rm
         needs = {
-            "rm.verdict: constrained and rm.max_new_tokens: 0 (a direct verdict)": self.rm.verdict == "constrained"
-            and self.rm.max_new_tokens == 0,
-            "rm.train_forced_tokens: false (the decision token alone)": not self.rm.train_forced_tokens,
-            "algo.rm_advantage: reward (a judgment's advantage is its payoff times S)": self.algo.rm_advantage
-            == "reward",
-            "rm.replay_iterations: 0 (an older judge's probabilities)": self.rm.replay_iterations == 0,
+            "rm.verdict: constrained and rm.max_new_tokens: 0 (a direct verdict)": rm.verdict == "constrained"
+            and rm.max_new_tokens == 0,
+            "rm.train_forced_tokens: false (the decision token alone)": not rm.train_forced_tokens,
+            "algo.rm_advantage: reward (the payoff times S)": self.algo.rm_advantage == "reward",
+            "rm.replay_iterations: 0 (an older judge's probabilities)": rm.replay_iterations == 0,
+            # a mini-batch is a random subset of the samples: a step's two verdicts could fall apart
+            "rm.optim.updates_per_iteration: 1 (a step's verdicts in one mini-batch)": rm.optim.updates_per_iteration
+            == 1,
         }
         missing = [need for need, ok in needs.items() if not ok]
         if missing:

@@ -333,6 +333,7 @@ def test_expected_verdicts_need_a_direct_verdict_paid_per_unit_of_s():
         ("max_new_tokens", 8, "rm.max_new_tokens: 0"),
         ("train_forced_tokens", True, "rm.train_forced_tokens: false"),
         ("replay_iterations", 2, "rm.replay_iterations: 0"),
+        ("optim", {"updates_per_iteration": 2}, "rm.optim.updates_per_iteration: 1"),
     ):
         with pytest.raises(ConfigError, match=f"algo.rm_verdicts expected needs .*{named}"):
             build_config({**ok, "rm": {**ok["rm"], key: value}})
