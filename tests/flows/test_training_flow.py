@@ -266,13 +266,20 @@ def test_rm_replay_adds_the_earlier_iterations_kept_judgments_and_recomputes_the
     assert not update_job(replaying, layout, 1, "policy", replaying.policy, 0).recompute_old
 
 
-def test_expected_verdicts_train_each_judged_steps_two_verdicts(prefect_server, tmp_path):
+def test_expected_verdicts_train_each_judged_steps_two_verdicts(prefect_server, tmp_path, run_benchmark):
     """algo.rm_verdicts expected through the real flow (one iteration, direct verdicts): the RM
     update trains two samples a judged step with kept judgments, not its m = 3 judgments, and
-    its weights move."""
+    its weights move. benchmarks/first_rm_step.py then replays that update's variants and prints,
+    for the start as loaded, the paid objective of the recorded probabilities of both verdicts."""
+    import re
+
+    import numpy as np
+
     from rlanything.agent.run_context import open_run
     from rlanything.agent.update_data import judgment_samples
     from rlanything.flows.training import train_flow
+    from rlanything.models.judge import verdict_choice
+    from rlanything.models.loading import load_tokenizer
 
     overrides = [f"run.root={tmp_path}", "run.name=expected", "run.iterations=1", "env.num_problems=2"]
     overrides += ["policy.tasks_per_iteration=2", "rm.max_new_tokens=0", "rm.train_forced_tokens=false"]
@@ -290,3 +297,21 @@ def test_expected_verdicts_train_each_judged_steps_two_verdicts(prefect_server, 
     start = load_model(resolve_model_path(config.rm.model)).state_dict()
     trained = load_model(layout.checkpoint("rm", 0)).state_dict()
     assert any(not torch.equal(start[k], trained[k]) for k in start)
+
+    judgments = read_table(layout.artifact(0, "judgments"), schemas.JUDGMENTS)
+    steps = kept[kept.judge_idx == 0].merge(judgments, on=["traj_id", "step_idx", "judge_idx"])
+    first = len(verdict_choice(load_tokenizer(layout.checkpoint("rm", 0))).opener)  # the token after "\\boxed{"
+    own, other = (np.array([lp[first] for lp in steps[c]]) for c in ("logprobs", "unchosen_logprobs"))
+    p = 1 / (1 + np.exp(np.where(steps.step_score > 0, other - own, own - other)))
+    objective = np.mean(steps.advantage * steps.step_score * (2 * p - 1))
+    line = re.compile(
+        r"^     on its (\d+) steps: P\(\+1\) (?:[\d.]+|n/a) \(payoff > 0\), (?:[\d.]+|n/a) "
+        r"\(payoff < 0\); paid objective (\S+)$",
+        re.M,
+    )
+    for args in ([], ["--epochs", "2", "--sum-balanced"], ["--verdicts", "drawn", "--dithered-only"]):
+        out = run_benchmark("first_rm_step", result["run_dir"], "--lr", "1e-5", "--prompts", "4", *args)
+        found = line.findall(out)
+        assert len(found) == (3 if "--dithered-only" in args else 4), out  # two starts, then each step
+        assert {int(n) for n, _ in found} == {judged_steps}, out
+        assert float(found[0][1]) == pytest.approx(objective, abs=2e-3), (out, objective)
