@@ -226,14 +226,15 @@ def expected_verdict_advantages(payoff: np.ndarray, plus_logprob: np.ndarray, mi
     -> (N, 2): the advantages of the +1 and the -1 sample, c and -c with c = 4*a*p*(1-p),
     p = P(+1) renormalised over the two options = sigmoid(plus_logprob - minus_logprob).
 
-    Why: the judge is paid J = E_S[a*S] = a*(2p - 1), whose gradient is 2a*p*(1-p) times the
-    gradient of the first tokens' logit difference. At an update's first step (ratio 1) the
-    trainer's loss is the mini-batch mean of -A*grad(log-prob). For these two samples the full
-    softmax's normaliser cancels, grad(l+) - grad(l-) = grad(z+ - z-)/T, so advantages +-c with
-    c/2 = 2a*p*(1-p) give exactly -grad J per step: the per-step weight of m drawn judgments,
-    which are m samples of a mean too. The drawn judgments estimate, with the noise of m draws,
-    sum_S p(S)*a*S*grad(log of the full-softmax probability of S): grad J plus a*(2p - 1) times
-    the gradient of the log of the two options' total mass.
+    Why: the judge is paid J = E_S[a*S] = a*(2p - 1), whose gradient is 2a*p*(1-p)*grad(l+ - l-),
+    l the log-probs at T, and grad(l+ - l-) = grad(z+ - z-)/T for the raw logits z: the full
+    softmax's normaliser cancels. At an update's first step (ratio 1, the k3 KL's gradient 0) the
+    loss's gradient is the mini-batch mean of -A*grad(log-prob of the trained token). Over these
+    two samples that mean is -(c/2)*grad(l+ - l-), so c = 4a*p*(1-p) gives exactly -grad J per
+    step. The step weighs what m drawn judgments weigh: each sample trains one token, and the
+    loss averages over samples. Under `rm_advantage: reward` the drawn judgments estimate, with
+    the noise of m draws, sum_S p(S)*a*S*grad(log of the full-softmax probability of S): grad J
+    plus a*(2p - 1) times the gradient of the log of the two options' total mass.
 
     Worked example: a = 1, first tokens' probabilities 0.6 and 0.2 -> p = 0.75, c = 0.75.
     >>> expected_verdict_advantages(np.array([1.0, -2.0]), np.log([0.6, 0.5]), np.log([0.2, 0.5])).round(4).tolist()
