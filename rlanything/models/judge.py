@@ -87,7 +87,8 @@ def judge_steps(
 
 def _judgments(engine, tokenizer, prompts, m: int, verdict: str, sampling: dict, cache: PrefixCache) -> list[tuple]:
     """The m judgments of each prompt, prompt-major: (reasoning, response ids, log-probs, score or
-    None, raw box, the unchosen verdict's log-probs or None) each. `sampling`: max_new_tokens, temperature, top_p and seed."""
+    None, raw box, the unchosen verdict's log-probs or None) each. `sampling`: max_new_tokens,
+    temperature, top_p and seed."""
     temperature, seed = sampling["temperature"], sampling["seed"]
     choice = verdict_choice(tokenizer) if verdict == "constrained" else None
     if choice is not None and sampling["max_new_tokens"] == 0:  # a direct verdict: nothing to decode
@@ -224,8 +225,8 @@ def _constrained_verdicts(
         score = choice.pick(firsts, rng.random())
         reasoning = tokenizer.decode(ids, skip_special_tokens=True)
         logprobs = gen.logprobs[: len(ids)] + rows[score]
-        tail = ids + choice.opener + choice.options[score] + choice.closer
-        out.append(_verdict(reasoning, tail, logprobs, score, rows[-score]))
+        response = ids + choice.opener + choice.options[score] + choice.closer
+        out.append(_verdict(reasoning, response, logprobs, score, rows[-score]))
     return out
 
 
