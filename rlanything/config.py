@@ -526,9 +526,9 @@ class AlgoConfig(_Section):
     own probabilities of them (`algo.advantages.expected_verdict_advantages`), so that an update's
     first step follows the exact gradient of the paid reward in expectation, without the noise
     of m draws. Needs a direct constrained verdict (rm.max_new_tokens 0), rm.train_forced_tokens
-    false, rm_advantage reward, no rm.replay_iterations and one RM mini-batch an iteration
-    (rm.optim.updates_per_iteration 1: a step's two verdicts cancel the softmax's normaliser only
-    together); the m judgments still give the policy's step scores."""
+    false, rm_advantage reward and no rm.replay_iterations. A step's two verdicts cancel the
+    softmax's normaliser only together, so they share every mini-batch (`Sample.unit`); the m
+    judgments still give the policy's step scores."""
     rm_target: Literal["outcome", "progress"] = "outcome"
     """What a judgment of the RM is paid for. `outcome`: R·S_j, its episode's outcome and the
     step scores (the paper). `progress` (our departure, docs/method.md): sign(V(s_t+1) −
@@ -749,9 +749,6 @@ class Config(_Section):
             "rm.train_forced_tokens: false (the decision token alone)": not rm.train_forced_tokens,
             "algo.rm_advantage: reward (the payoff times S)": self.algo.rm_advantage == "reward",
             "rm.replay_iterations: 0 (an older judge's probabilities)": rm.replay_iterations == 0,
-            # a mini-batch is a random subset of the samples: a step's two verdicts could fall apart
-            "rm.optim.updates_per_iteration: 1 (a step's verdicts in one mini-batch)": rm.optim.updates_per_iteration
-            == 1,
         }
         missing = [need for need, ok in needs.items() if not ok]
         if missing:

@@ -82,6 +82,7 @@ RM_MEASURES = (
     "rm_outcome_before_last_auroc_low",
     "rm_outcome_before_last_auroc_high",
     "rm_judged_before_last",
+    "rm_p_plus_mean",
 )
 """The RM's columns of a split's row (`agent.eval_judge.rm_measures`), logged as `eval/<split>/<measure>`
 (`agent.eval_parts.merge_parts`) and read back by `reports.eval_report`: the *before_last* ones are the
@@ -90,7 +91,8 @@ outcome AUROC from the steps before each episode's last only (the win message le
 trajectory_accuracy, auroc with its 95% stratified-bootstrap interval (auroc_low, auroc_high: NaN
 where fewer than `algo.rm_accuracy.MIN_CLASS` judged episodes were solved or unsolved), score_gap,
 trajectories (episodes judged) and of those the solved (positives) and unsolved (negatives), and
-the fraction of its judgments whose verdict parsed."""
+the fraction of its judgments whose verdict parsed; p_plus_mean the mean of the judge's P(+1) where
+both verdicts were scored (NaN without: `agent.advantage_rows.p_plus_mean`)."""
 
 
 # every step: its wall time

@@ -329,11 +329,13 @@ def test_expected_verdicts_need_a_direct_verdict_paid_per_unit_of_s():
     }
     assert build_config(ok).algo.rm_verdicts == "expected"
     assert build_config({}).algo.rm_verdicts == "drawn"  # the paper's
+    # several mini-batches deal whole steps (Sample.unit): no longer refused
+    several = {**ok, "rm": {**ok["rm"], "optim": {"updates_per_iteration": 4}}}
+    assert build_config(several).rm.optim.updates_per_iteration == 4
     for key, value, named in (
         ("max_new_tokens", 8, "rm.max_new_tokens: 0"),
         ("train_forced_tokens", True, "rm.train_forced_tokens: false"),
         ("replay_iterations", 2, "rm.replay_iterations: 0"),
-        ("optim", {"updates_per_iteration": 2}, "rm.optim.updates_per_iteration: 1"),
     ):
         with pytest.raises(ConfigError, match=f"algo.rm_verdicts expected needs .*{named}"):
             build_config({**ok, "rm": {**ok["rm"], key: value}})

@@ -76,10 +76,12 @@ def rm_outcome_metrics(judgments: pd.DataFrame, outcomes: pd.DataFrame) -> dict[
 def rm_process_metrics(judgments: pd.DataFrame, labels: pd.DataFrame, outcomes: pd.DataFrame) -> dict[str, float]:
     """`algo.rm_accuracy.process_accuracy` of the judged steps against the environment's step
     labels, and `process_auroc` on the steps before each trajectory's last (a won game's last
-    step shows the win message: eval's headline, agent/eval_judge.py) (frame glue); {} when no
-    judged step has a label: nothing is logged."""
+    step shows the win message: eval's headline, agent/eval_judge.py), and `progress_auroc` there
+    of the verdicts and of P(+1) (`p_plus_scores`) (frame glue); {} when no judged step has a
+    label: nothing is logged."""
     keys = list(zip(labels.traj_id.tolist(), labels.step_idx.tolist()))
     columns = [judgments[c].to_numpy() for c in ("traj_id", "step_idx", "step_score", "parsed")]
+    by_p = [p_plus_scores(judgments)[c].to_numpy() for c in ("traj_id", "step_idx", "step_score", "parsed")]
     result = process_accuracy(*columns, dict(zip(keys, labels.label.tolist())))
     if not result["labelled_steps"]:
         return {}
@@ -92,14 +94,27 @@ def rm_process_metrics(judgments: pd.DataFrame, labels: pd.DataFrame, outcomes: 
         "rm/process_auroc_before_last": process_auroc(*columns, early)["auroc"],
         # the headline: progress steps against setbacks, no-ops left out (algo.rm_accuracy.progress_auroc)
         "rm/progress_auroc_before_last": progress_auroc(*columns, rules)["auroc"],
+        # the same ranking read from the judge's P(+1), where both verdicts were scored: no draw noise
+        "rm/progress_auroc_p_before_last": progress_auroc(*by_p, rules)["auroc"],
     }
+
+
+def p_plus_scores(judgments: pd.DataFrame) -> pd.DataFrame:
+    """The judgments that recorded the judge's P(+1) (judgments.p_plus), with it as their score in
+    place of the drawn verdict S, for `algo.rm_accuracy`'s rankings: free verdicts, verdicts decoded
+    in the generation pass and judgments of an older version drop out (none left: no ranking)."""
+    if "p_plus" not in judgments:
+        return judgments.iloc[:0]
+    known = judgments[judgments.p_plus.notna()]
+    return known.assign(step_score=known.p_plus.astype(float), parsed=True)
 
 
 def rm_verdict_metrics(judged: pd.DataFrame, rm: pd.DataFrame) -> dict[str, float]:
     """What the RM answers and what it is paid for it: the share of its parsed verdicts that say +1,
     overall and in won / lost episodes (`judged`: parsed judgments with their outcome), and the
     share of its samples (`rm`) with zero advantage because the step's m verdicts agreed: a judge
-    that always says the same stops being trained (docs/method.md). NaN (not logged) where empty."""
+    that always says the same stops being trained (docs/method.md), and the mean of its P(+1) where
+    both verdicts were scored (`p_plus_mean`). NaN (not logged) where empty."""
     scores, parsed = judged.step_score.to_numpy(), judged.parsed.to_numpy()
     shares = verdict_shares(scores, parsed, judged.outcome.map({1: "won", -1: "lost"}).to_numpy())
     shares |= verdict_shares(scores, parsed, np.full(len(judged), "all"))
@@ -108,4 +123,12 @@ def rm_verdict_metrics(judged: pd.DataFrame, rm: pd.DataFrame) -> dict[str, floa
         "rm/plus_share_won": shares.get("won", (math.nan,))[0],
         "rm/plus_share_lost": shares.get("lost", (math.nan,))[0],
         "rm/zero_advantage_share": float((rm.drop_reason == "zero_std").mean()) if len(rm) else math.nan,
+        "rm/p_plus_mean": p_plus_mean(judged),
     }
+
+
+def p_plus_mean(judged: pd.DataFrame) -> float:
+    """The mean of the judge's P(+1) over the judgments that recorded it (`p_plus_scores`); NaN
+    where none did. The m judgments of a step share it, so this is the mean over judged steps."""
+    known = p_plus_scores(judged)
+    return float(known.step_score.mean()) if len(known) else math.nan

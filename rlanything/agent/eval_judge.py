@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from rlanything.agent.advantage_rows import p_plus_mean, p_plus_scores
 from rlanything.agent.judging import judge_as_configured, steps_to_judge
 from rlanything.algo.rm_accuracy import (
     outcome_prediction,
@@ -82,6 +83,7 @@ def judgment_rows(judged: list[dict], split: str, iteration: int | None, weights
             "parsed": row["parsed"],
             "prompt_tokens": len(row["prompt_ids"]),
             "response_tokens": len(row["response_ids"]),
+            "p_plus": row["p_plus"],
             "weights": weights,
             "iteration": iteration,
         }
@@ -143,6 +145,9 @@ def process_measures(judged: pd.DataFrame, labels: pd.DataFrame) -> dict[str, fl
     rules = dict(zip(zip(early.problem_idx.tolist(), early.step_idx.tolist()), early.rule.tolist()))
     progress = progress_auroc(*columns, *scores, rules)
     out |= {f"rm_progress_{k}": progress[k] for k in ("auroc", "auroc_low", "auroc_high", "good", "bad")}
+    known = p_plus_scores(judged)
+    by_p = progress_auroc(*(known[c].to_numpy() for c in ("problem_idx", "step_idx", "step_score", "parsed")), rules)
+    out |= {f"rm_progress_p_{k}": by_p[k] for k in ("auroc", "auroc_low", "auroc_high")}
     out |= {"rm_unchanged_steps": progress["neutral"], "rm_unchanged_mean": progress["neutral_mean"]}
     return out
 
@@ -154,6 +159,7 @@ PROCESS_MEASURES = (
         for m in ("accuracy", "auroc", "auroc_low", "auroc_high", "good", "bad")
     ),
     *(f"rm_progress_{m}" for m in ("auroc", "auroc_low", "auroc_high", "good", "bad")),
+    *(f"rm_progress_p_{m}" for m in ("auroc", "auroc_low", "auroc_high")),
     "rm_unchanged_steps",
     "rm_unchanged_mean",
 )
@@ -161,7 +167,8 @@ PROCESS_MEASURES = (
 admissible no-op counted good: the old figure), rm_last_* on the last steps; good / bad: how many
 labelled judged steps had label +1 / −1. rm_progress_* on the steps before the last: progress
 steps (good: `closer`) against setbacks (bad: `farther`, `invalid`, `lost`), the headline; the
-no-ops (`unchanged`) apart: how many were judged and their mean verdict."""
+no-ops (`unchanged`) apart: how many were judged and their mean verdict. rm_progress_p_*: the same
+ranking of the judge's P(+1) where both verdicts were scored (judgments.p_plus; NaN without it)."""
 
 
 def outcome_before_last(episodes: pd.DataFrame, judged: pd.DataFrame) -> dict[str, float]:
@@ -240,6 +247,7 @@ def rm_measures(
             "rm_parse_rate": float(judged.parsed.mean()) if len(judged) else math.nan,
         }
         out[split] |= outcome_before_last(eps, judged)
+        out[split]["rm_p_plus_mean"] = p_plus_mean(judged)
         mine = None if labels is None else labels[labels.split == split]
         if mine is not None:
             out[split] |= process_measures(judged, mine)

@@ -204,8 +204,9 @@ def expected_verdict_samples(rows: pd.DataFrame, choice: Choice) -> list[Sample]
     training its decision token with the advantage of `expected_verdict_advantages`: the payoff
     a = advantage * S_j of the step's judgments (one value a step under `rm_advantage: reward`)
     and the judge's probabilities of the two verdicts, read from the first option tokens' recorded
-    log-probs. Raises ValueError for a judgment without both options' log-probs, or a step
-    whose judgments disagree on the payoff."""
+    log-probs. The two samples of a step are one `Sample.unit`: every mini-batch holds both or
+    neither, so each mini-batch's first gradient is exact for its steps. Raises ValueError for a
+    judgment without both options' log-probs, or a step whose judgments disagree on the payoff."""
     steps = []
     for (traj_id, step_idx), step in rows.groupby(["traj_id", "step_idx"], sort=True):
         payoff = step.advantage.to_numpy() * step.step_score.to_numpy()
@@ -229,8 +230,8 @@ def expected_verdict_samples(rows: pd.DataFrame, choice: Choice) -> list[Sample]
     plus, minus = (np.array([v[s][1][first] for _, _, v in steps]) for s in (1, -1))
     advantages = expected_verdict_advantages(np.array([a for _, a, _ in steps]), plus, minus)
     return [
-        Sample(prompt + tail, len(tail), logprobs, float(adv), trained=chosen_tokens(tail, verdict, choice))
-        for (prompt, _, verdicts), pair in zip(steps, advantages)
+        Sample(prompt + tail, len(tail), logprobs, float(adv), trained=chosen_tokens(tail, verdict, choice), unit=k)
+        for k, ((prompt, _, verdicts), pair) in enumerate(zip(steps, advantages))
         for verdict, adv in zip((1, -1), pair)
         for tail, logprobs in [verdicts[verdict]]
     ]

@@ -61,7 +61,7 @@ def judge_steps(
     sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
     judged = _judgments(engine, tokenizer, [ids for _, ids in prompts], judgments_per_step, verdict, sampling, cache)
     rows = []
-    for n, (reasoning, response_ids, logprobs, score, raw_box, unchosen) in enumerate(judged):
+    for n, (reasoning, response_ids, logprobs, score, raw_box, unchosen, p_plus) in enumerate(judged):
         k, j = divmod(n, judgments_per_step)
         step = steps[k]
         rows.append(
@@ -80,6 +80,7 @@ def judge_steps(
                 "response_ids": response_ids,
                 "logprobs": logprobs,
                 "unchosen_logprobs": unchosen,
+                "p_plus": p_plus,
             }
         )
     return rows
@@ -87,8 +88,8 @@ def judge_steps(
 
 def _judgments(engine, tokenizer, prompts, m: int, verdict: str, sampling: dict, cache: PrefixCache) -> list[tuple]:
     """The m judgments of each prompt, prompt-major: (reasoning, response ids, log-probs, score or
-    None, raw box, the unchosen verdict's log-probs or None) each. `sampling`: max_new_tokens,
-    temperature, top_p and seed."""
+    None, raw box, the unchosen verdict's log-probs or None, P(+1) or None) each. `sampling`:
+    max_new_tokens, temperature, top_p and seed."""
     temperature, seed = sampling["temperature"], sampling["seed"]
     choice = verdict_choice(tokenizer) if verdict == "constrained" else None
     if choice is not None and sampling["max_new_tokens"] == 0:  # a direct verdict: nothing to decode
@@ -102,7 +103,7 @@ def _judgments(engine, tokenizer, prompts, m: int, verdict: str, sampling: dict,
     if choice is not None:  # engines without `decodes_choices`: the options scored afterwards
         return _constrained_verdicts(engine, tokenizer, choice, jobs, gens, temperature, seed, cache)
     return [
-        (gen.text, gen.token_ids, gen.logprobs, parse_step_score(gen.text), extract_last_boxed(gen.text), None)
+        (gen.text, gen.token_ids, gen.logprobs, parse_step_score(gen.text), extract_last_boxed(gen.text), None, None)
         for gen in gens
     ]
 
@@ -178,13 +179,17 @@ def _decoded_verdict(tokenizer, gen: Generation, choice: Choice) -> tuple:
     then opener, option and closer."""
     tail = len(choice.opener) + len(choice.options[gen.choice]) + len(choice.closer)
     reasoning = tokenizer.decode(gen.token_ids[: len(gen.token_ids) - tail], skip_special_tokens=True)
-    return _verdict(reasoning, gen.token_ids, gen.logprobs, gen.choice, None)
+    return _verdict(reasoning, gen.token_ids, gen.logprobs, gen.choice)
 
 
-def _verdict(reasoning: str, response_ids: list[int], logprobs: list[float], score: int, unchosen) -> tuple:
+def _verdict(
+    reasoning: str, response_ids: list[int], logprobs: list[float], score: int, unchosen=None, p_plus=None
+) -> tuple:
     """-> (reasoning text ending in its verdict box, response ids, log-probs, score, raw box,
-    `unchosen`: the other option's verdict log-probs where both were scored, else None)."""
-    return reasoning + "\n\\boxed{" + str(score) + "}", response_ids, logprobs, score, str(score), unchosen
+    `unchosen`: the other option's verdict log-probs where both were scored, else None, and
+    `p_plus`: then P(+1) of the drawn options, else None)."""
+    box = str(score)
+    return reasoning + "\n\\boxed{" + box + "}", response_ids, logprobs, score, box, unchosen, p_plus
 
 
 def _direct_verdicts(
@@ -202,10 +207,11 @@ def _direct_verdicts(
     rng = random.Random(seed)
     out = []
     for rows, firsts in _scored_options(engine, choice, prompts, temperature, cache):
+        p_plus = _p_plus(choice, firsts)
         for _ in range(m):
             score = choice.pick(firsts, rng.random())
             tail = choice.opener + choice.options[score] + choice.closer
-            out.append(_verdict("", tail, rows[score], score, rows[-score]))
+            out.append(_verdict("", tail, rows[score], score, rows[-score], p_plus))
     return out
 
 
@@ -226,8 +232,14 @@ def _constrained_verdicts(
         reasoning = tokenizer.decode(ids, skip_special_tokens=True)
         logprobs = gen.logprobs[: len(ids)] + rows[score]
         response = ids + choice.opener + choice.options[score] + choice.closer
-        out.append(_verdict(reasoning, response, logprobs, score, rows[-score]))
+        out.append(_verdict(reasoning, response, logprobs, score, rows[-score], _p_plus(choice, firsts)))
     return out
+
+
+def _p_plus(choice: Choice, firsts: torch.Tensor) -> float:
+    """P(+1) of the verdict `Choice.pick` draws from `firsts` (the options' first-token log-probs):
+    their softmax, renormalised over the options. Example: log [0.2, 0.6] for {1, -1} -> 0.25."""
+    return float(torch.softmax(firsts, 0)[list(choice.options).index(1)])
 
 
 def _scored_options(engine, choice: Choice, contexts, temperature: float, cache: PrefixCache) -> list[tuple]:

@@ -78,6 +78,11 @@ STEP_LABELS = pa.schema(
     ]
 )
 
+# Where both options of a constrained verdict were scored: the judge's P(+1), its two options'
+# first-token probabilities at rm.temperature renormalised over the two (`Choice.pick`'s draw);
+# else null. Less noisy than the m drawn verdicts: rm/p_plus_mean, the AUROC of P(+1).
+P_PLUS = pa.field("p_plus", pa.float32())
+
 JUDGMENTS = pa.schema(
     [
         pa.field("traj_id", pa.int32(), nullable=False),
@@ -97,6 +102,7 @@ JUDGMENTS = pa.schema(
         # after the reasoning): the log-probs of the verdict not drawn (opener, option, closer); else
         # null. With `logprobs` it gives both options' probabilities (algo.rm_verdicts expected)
         pa.field("unchosen_logprobs", pa.list_(pa.float32())),
+        P_PLUS,
         pa.field("weights", pa.string(), nullable=False),  # the RM checkpoint folder that judged
     ]
 )
@@ -295,6 +301,7 @@ EVAL_JUDGMENTS = pa.schema(
         pa.field("parsed", pa.bool_(), nullable=False),
         pa.field("prompt_tokens", pa.int32(), nullable=False),
         pa.field("response_tokens", pa.int32(), nullable=False),
+        P_PLUS,
         pa.field("weights", pa.string(), nullable=False),  # the RM that judged (run-relative or model spec)
         pa.field("iteration", pa.int32()),  # as in episodes.parquet: -1 the base, null a bare model
     ]

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))  # the scr
 
 from scripted_policy import ScriptedPolicy  # noqa: E402
 
+from rlanything.agent.advantage_rows import p_plus_mean, rm_process_metrics  # noqa: E402
 from rlanything.agent.eval_judge import judge_split, rm_measures  # noqa: E402
 from rlanything.agent.eval_play import play_greedy, play_greedy_steps  # noqa: E402
 from rlanything.agent.judging import steps_to_judge  # noqa: E402
@@ -231,3 +232,46 @@ def test_held_out_steps_are_judged_as_the_rm_score_step_judges_them(tiny_tokeniz
     assert (first.weights == "the rm").all() and (first.iteration == 3).all()
     assert "so \\boxed{3}" in first.prompt[0] and rows[0]["first_observation"] in first.prompt[0]
     pd.testing.assert_frame_equal(first, again)  # a seed derived from (run.seed, iteration, split)
+
+
+def test_the_judges_p_plus_ranks_steps_apart_from_its_drawn_verdicts_held_out_and_in_the_loop():
+    # Episode 0 (won, 3 steps), episode 1 (lost, 2 steps), m = 2; a step's judgments share P(+1).
+    #   (0, 0) closer   S -1, -1  P(+1) 0.9     (0, 1) farther  S +1, +1  P(+1) 0.4
+    #   (1, 0) invalid  S +1, -1  P(+1) 0.6     last steps (0, 2) 0.99 and (1, 1) not recorded
+    # Progress before the last, by the drawn verdicts: good {-1} below bad {+1, 0} -> 0.
+    # By P(+1): good {0.9} above bad {0.4, 0.6} -> 1. Mean P(+1) over the judgments that recorded
+    # it: (0.9 + 0.4 + 0.99 + 0.6) / 4 = 0.7225 (each step counted once: its m share it).
+    episodes = pd.DataFrame({"split": ["ood"] * 2, "problem_idx": [0, 1], "outcome": [1, -1], "num_steps": [3, 2]})
+    judgments = pd.DataFrame(
+        {
+            "split": ["ood"] * 10,
+            "problem_idx": [0] * 6 + [1] * 4,
+            "step_idx": [0, 0, 1, 1, 2, 2, 0, 0, 1, 1],
+            "step_score": [-1, -1, 1, 1, 1, 1, 1, -1, -1, -1],
+            "parsed": [True] * 10,
+            "p_plus": [0.9, 0.9, 0.4, 0.4, 0.99, 0.99, 0.6, 0.6, None, None],
+        }
+    )
+    labels = pd.DataFrame(
+        {
+            "split": ["ood"] * 5,
+            "problem_idx": [0, 0, 0, 1, 1],
+            "step_idx": [0, 1, 2, 0, 1],
+            "label": [1, -1, 1, -1, 1],
+            "rule": ["closer", "farther", "closer", "invalid", "unchanged"],
+            "last": [False, False, True, False, True],
+        }
+    )
+    ood = rm_measures(episodes, judgments, labels)["ood"]
+    assert ood["rm_progress_auroc"] == 0.0 and ood["rm_progress_p_auroc"] == 1.0
+    assert ood["rm_p_plus_mean"] == pytest.approx(0.7225)
+    assert math.isnan(ood["rm_progress_p_auroc_low"])  # 1 progress step: too few for an interval
+    # in the loop, the same frames under training's column names (agent.advantage_rows)
+    frame = judgments.rename(columns={"problem_idx": "traj_id"})
+    loop = rm_process_metrics(frame, labels.rename(columns={"problem_idx": "traj_id"}), episodes.rename(
+        columns={"problem_idx": "traj_id"}))  # fmt: skip
+    assert loop["rm/progress_auroc_before_last"] == 0.0 and loop["rm/progress_auroc_p_before_last"] == 1.0
+    assert p_plus_mean(frame) == pytest.approx(0.7225)
+    # judgments without the column (free verdicts, an older run): no P(+1) figure, never a made-up one
+    assert math.isnan(p_plus_mean(frame.drop(columns="p_plus")))
+    assert math.isnan(rm_measures(episodes, judgments.drop(columns="p_plus"), labels)["ood"]["rm_progress_p_auroc"])

@@ -58,6 +58,21 @@ def test_a_judgment_records_the_unchosen_verdicts_log_probs(judged, tiny_tokeniz
         assert r.unchosen_logprobs == pytest.approx(scored, abs=1e-4)
 
 
+def test_a_judgment_records_the_judges_p_plus_the_draws_probability(judged, tiny_tokenizer):
+    """judgments.p_plus: P(+1) over the two options' first tokens, teacher-forced on its own; the
+    m judgments of a step share it, and it equals the one read from their two recorded log-probs."""
+    _, engine, frame = judged
+    choice = verdict_choice(tiny_tokenizer)
+    first = len(choice.opener)
+    for _, rows in frame.groupby("traj_id"):
+        assert rows.p_plus.nunique() == 1
+        r = rows.iloc[0]
+        assert r.p_plus == pytest.approx(plus_probability(engine, list(r.prompt_ids), choice), abs=1e-4)
+        own, other = r.logprobs[first], r.unchosen_logprobs[first]
+        logit = own - other if r.step_score == 1 else other - own
+        assert r.p_plus == pytest.approx(1 / (1 + math.exp(-logit)), abs=1e-6)
+
+
 def test_each_step_trains_both_verdicts_decision_tokens_weighted_by_the_judges_probabilities(judged, tiny_tokenizer):
     """Two samples a step, +1 then -1: the step's prompt and each verdict's tokens with their
     scored log-probs, only the decision token trained, advantages +-4*a*p*(1-p)."""

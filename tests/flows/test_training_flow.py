@@ -1,5 +1,6 @@
 """Two iterations of the tiny config through real Prefect, real MLflow (SQLite) and Parquet."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -284,6 +285,7 @@ def test_expected_verdicts_train_each_judged_steps_two_verdicts(prefect_server, 
     overrides = [f"run.root={tmp_path}", "run.name=expected", "run.iterations=1", "env.num_problems=2"]
     overrides += ["policy.tasks_per_iteration=2", "rm.max_new_tokens=0", "rm.train_forced_tokens=false"]
     overrides += ["algo.rm_advantage=reward", "algo.rm_verdicts=expected", "adapt.enabled=false"]
+    overrides += ["rm.optim.updates_per_iteration=2"]  # two mini-batches, each of whole steps
     result = train_flow(str(REPO / "configs" / "tiny.yaml"), overrides)
     config, layout = open_run(result["run_dir"])
     adv = read_table(layout.artifact(0, "advantages"), schemas.ADVANTAGES)
@@ -292,6 +294,7 @@ def test_expected_verdicts_train_each_judged_steps_two_verdicts(prefect_server, 
     assert judged_steps > 0 and len(kept) == 3 * judged_steps
     update = read_table(layout.artifact(0, "rm_update"), schemas.UPDATE)
     assert update.num_samples.sum() == 2 * judged_steps and update.num_tokens.sum() == 2 * judged_steps
+    assert len(update) == min(2, judged_steps) and (update.num_samples % 2 == 0).all()  # a step's pair together
     samples = judgment_samples(config, layout, 0, chosen_only=True)
     assert [s.advantage > 0 for s in samples[::2]] == [s.advantage < 0 for s in samples[1::2]]
     start = load_model(resolve_model_path(config.rm.model)).state_dict()
@@ -304,6 +307,9 @@ def test_expected_verdicts_train_each_judged_steps_two_verdicts(prefect_server, 
     own, other = (np.array([lp[first] for lp in steps[c]]) for c in ("logprobs", "unchosen_logprobs"))
     p = 1 / (1 + np.exp(np.where(steps.step_score > 0, other - own, own - other)))
     objective = np.mean(steps.advantage * steps.step_score * (2 * p - 1))
+    assert steps.p_plus.to_numpy() == pytest.approx(p, abs=1e-5)  # judgments.p_plus: the same P(+1)
+    metrics = json.loads((layout.iter_dir(0) / "summary.json").read_text())
+    assert metrics["rm/p_plus_mean"] == pytest.approx(judgments.p_plus.mean(), abs=1e-6)
     line = re.compile(
         r"^     on its (\d+) steps: P\(\+1\) (?:[\d.]+|n/a) \(payoff > 0\), (?:[\d.]+|n/a) "
         r"\(payoff < 0\); paid objective (\S+)$",

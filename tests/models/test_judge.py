@@ -61,6 +61,7 @@ def test_constrained_verdicts_always_parse_and_are_trainable_tokens(engine, tiny
         assert tiny_tokenizer.decode(r["response_ids"]).endswith(f"\\boxed{{{r['step_score']}}}")
         assert len(r["logprobs"]) == len(r["response_ids"]) and all(lp <= 0 for lp in r["logprobs"])
         assert f"Step to judge (step {r['step_idx'] + 1})" in r["prompt"]
+        assert r["p_plus"] is None  # decoded in the generation pass: the other option was not scored
     # the verdict's log-probs are the model's own: a teacher-forced pass reproduces them
     for r in rows[:2]:
         scored = engine.score([r["prompt_ids"]], [r["response_ids"]], temperature=0.8)[0]
@@ -142,6 +143,7 @@ def test_free_mode_records_unparseable_judgments(engine, tiny_tokenizer):
     assert len(rows) == 6
     for r in rows:  # a random model never writes a verdict box: every judgment is unparseable
         assert r["verdict_mode"] == "free"
+        assert r["p_plus"] is None and r["unchosen_logprobs"] is None  # only one verdict was scored
         assert r["parsed"] == (parse_step_score(r["reasoning"]) is not None)
         if not r["parsed"]:
             assert r["step_score"] == 0
@@ -288,6 +290,7 @@ def test_the_two_pass_verdict_draws_with_the_same_rule_from_its_own_random_strea
         ]
         p_one = math.exp(first[0]) / (math.exp(first[0]) + math.exp(first[1]))
         assert r["step_score"] == (1 if rng.random() < p_one else -1)
+        assert r["p_plus"] == pytest.approx(p_one, abs=1e-4)  # judgments.p_plus: the draw's probability
 
 
 def test_the_chosen_tokens_are_the_reasoning_and_the_verdicts_first_token():

@@ -259,6 +259,31 @@ def test_epochs_repeat_the_passes_each_with_every_sample(tiny_model_path, tiny_t
     assert len(_update(model, samples, tiny_tokenizer.pad_token_id, updates=9, epochs=2)) == 8
 
 
+def test_a_units_samples_share_every_mini_batch():
+    """Sample.unit: a judged step's two expected verdicts stay in one mini-batch; the units are
+    shuffled and dealt like samples, a sample without a unit is one alone; without units the
+    draws are unchanged."""
+    import random
+
+    from rlanything.models.training.trainer import epoch_mini_batches
+
+    order = random.Random(0).sample(range(5), 5)  # without units: every 2nd of the shuffled samples
+    assert epoch_mini_batches(random.Random(0), 5, 2) == [order[0::2], order[1::2]]
+    assert epoch_mini_batches(random.Random(0), 5, 2, [None] * 5) == [order[0::2], order[1::2]]
+    units = [0, 0, None, 1, 1, 2, 2, None]
+    for seed in range(20):
+        for updates in (1, 2, 3, 9):
+            minis = epoch_mini_batches(random.Random(seed), len(units), updates, units)
+            assert sorted(i for mini in minis for i in mini) == list(range(8))  # each sample once
+            assert len(minis) == min(updates, 5)  # 3 pairs and 2 singles: 5 units
+            for mini in minis:
+                for i in mini:
+                    if units[i] is not None:  # its partner is in the same mini-batch
+                        assert {j for j in range(8) if units[j] == units[i]} <= set(mini)
+    dealt = {tuple(map(tuple, epoch_mini_batches(random.Random(s), 8, 3, units))) for s in range(20)}
+    assert len(dealt) > 5  # shuffled, not a fixed deal
+
+
 def test_the_first_epoch_is_the_one_pass_update(tiny_model_path, tiny_tokenizer):
     """Adding epochs does not change what the first pass does (same shuffle, same steps)."""
     runs = []

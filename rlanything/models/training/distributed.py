@@ -315,6 +315,7 @@ def write_job(job: UpdateJob, samples: list[Sample], path: Path) -> Path:
             "advantage": pa.array([s.advantage for s in samples], pa.float32()),
             "trained": pa.array([s.trained for s in samples], pa.list_(pa.bool_())),
             "replayed": pa.array([s.replayed for s in samples], pa.bool_()),
+            "unit": pa.array([s.unit for s in samples], pa.int64()),
         }
     )
     pq.write_table(table, f"{path}.samples.parquet")
@@ -335,6 +336,7 @@ def read_job(path: Path) -> tuple[UpdateJob, list[Sample]]:
             r["advantage"],
             trained=r["trained"],
             replayed=r["replayed"],
+            unit=r["unit"],
         )
         for r in rows
     ]

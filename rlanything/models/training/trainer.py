@@ -62,6 +62,9 @@ class Sample:
     # a judgment an earlier iteration drew (rm.replay_iterations): its sampler log-probs are an
     # older model's, so they are not kept beside the recomputed ones and do not measure the gap
     replayed: bool = False
+    # samples of one unit share every mini-batch (`epoch_mini_batches`): a judged step's two verdicts
+    # under algo.rm_verdicts expected, whose full-softmax normaliser cancels only together. None: alone
+    unit: int | None = None
 
     def __post_init__(self):
         if self.trained is not None and (len(self.trained) != self.response_len or not any(self.trained)):
@@ -197,7 +200,7 @@ def ppo_update(
     model.train()
     history = []
     for epoch in range(epochs):
-        for mini in epoch_mini_batches(rng, len(samples), updates):
+        for mini in epoch_mini_batches(rng, len(samples), updates, [s.unit for s in samples]):
             if lr_at is not None:
                 for group in optimizer.param_groups:
                     group["lr"] = lr_at(len(history))
@@ -211,13 +214,25 @@ def ppo_update(
     return history
 
 
-def epoch_mini_batches(rng: random.Random, n: int, updates: int) -> list[list[int]]:
+def epoch_mini_batches(rng: random.Random, n: int, updates: int, units: list | None = None) -> list[list[int]]:
     """One pass's mini-batches (sample indices) as `ppo_update` draws them from `rng`: the n
     samples shuffled, then every min(updates, n)-th from k = 0, 1, ...
-    Example: n 5, updates 2, order [3, 0, 4, 1, 2] -> [[3, 4, 2], [0, 1]]."""
-    n_mini = min(updates, n)
-    order = rng.sample(range(n), n)
-    return [order[k::n_mini] for k in range(n_mini)]
+    Example: n 5, updates 2, order [3, 0, 4, 1, 2] -> [[3, 4, 2], [0, 1]].
+    `units` (n,): samples with the same unit (not None) stay in one mini-batch. Then the units are
+    shuffled (a sample of unit None is one alone) and dealt the same way, min(updates, units)
+    mini-batches. Example: units [0, 0, None, 1, 1], updates 2, unit order [{3, 4}, {2}, {0, 1}]
+    -> [[3, 4, 0, 1], [2]]. Without units the draws are those of earlier versions."""
+    if units is None or all(u is None for u in units):
+        n_mini = min(updates, n)
+        order = rng.sample(range(n), n)
+        return [order[k::n_mini] for k in range(n_mini)]
+    groups: dict = {}
+    for i, unit in enumerate(units):
+        groups.setdefault(("alone", i) if unit is None else ("unit", unit), []).append(i)
+    members = list(groups.values())
+    n_mini = min(updates, len(members))
+    order = rng.sample(members, len(members))
+    return [[i for group in order[k::n_mini] for i in group] for k in range(n_mini)]
 
 
 MEASURES = ("loss", "pg_loss", "kl", "clip_frac", "entropy")  # per optimizer step, means over its samples
