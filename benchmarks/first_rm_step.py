@@ -1,7 +1,7 @@
 """What the RM's first update does to its verdict prior, with the start left on bf16 ties and
 placed within the bf16 sampler's values first (the update's `dither_start_to`).
 
-    python -m benchmarks.first_rm_step RUN_DIR [--lr 1e-8,1e-5] [--prompts 40] [--epochs N]
+    python -m benchmarks.first_rm_step RUN_DIR [--lr 1e-8,1e-5] [--prompts 40] [--epochs N] [--updates K]
         [--verdicts drawn|expected] [--precision fp32|bf16] [--sum-balanced] [--dithered-only]
 
 Replays iteration 0's RM update (the samples it trained on, the run's settings, AdamW as
@@ -18,8 +18,8 @@ not is the rounding, not the update.
 What the step did on its own samples: with `algo.rm_advantage: reward` each judged step's payoff
 a = advantage·S_j is known, and each result prints P(+1) (fp32) on the steps of payoff > 0 and
 < 0 and the paid objective mean a·(2p − 1): a step that raises both classes moved the prior.
-The update can be varied: `--epochs` passes over the same samples (one mini-batch each), the
-verdicts trained (`--verdicts`, `algo.rm_verdicts`), the update's `--precision`, and with
+The update can be varied: `--epochs` passes over the same samples, each in `--updates`
+mini-batches (one optimizer step each; expected verdicts deal whole steps), the verdicts trained (`--verdicts`, `algo.rm_verdicts`), the update's `--precision`, and with
 `--sum-balanced` the expected verdicts' advantages rescaled so that the two payoff signs' sum
 to zero (no first-order push on a logit offset every prompt shares). `--dithered-only` skips
 the start as loaded (the loop's first update starts dithered where a bf16 sampler ran it).
@@ -90,7 +90,8 @@ def main() -> None:
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--lr", default="1e-8,1e-5", help="learning rates of the replayed step, comma-separated")
     ap.add_argument("--prompts", type=int, default=40)
-    ap.add_argument("--epochs", type=int, default=1, help="passes over the samples, one mini-batch each")
+    ap.add_argument("--epochs", type=int, default=1, help="passes over the samples")
+    ap.add_argument("--updates", type=int, default=1, help="mini-batches (optimizer steps) a pass")
     ap.add_argument("--verdicts", choices=["drawn", "expected"], help="algo.rm_verdicts; default the run's")
     ap.add_argument("--precision", choices=["fp32", "bf16"], help="the update's; default the run's")
     ap.add_argument("--sum-balanced", action="store_true", help="expected verdicts: the signs' c sum to 0")
@@ -105,7 +106,7 @@ def main() -> None:
     if args.sum_balanced:
         samples = sum_balanced(samples)
     job = update_job(config, layout, 0, "rm", config.rm, steps_taken(layout, "rm", 0))
-    job = replace(job, epochs=args.epochs, updates=1, precision=args.precision or job.precision)
+    job = replace(job, epochs=args.epochs, updates=args.updates, precision=args.precision or job.precision)
     own = own_steps(args.run_dir) if config.algo.rm_advantage == "reward" else None
     iteration, prompts = judged_prompts(args.run_dir, args.prompts)
     start = Path(job.start)
@@ -136,8 +137,10 @@ def main() -> None:
             starts = (("as loaded", None), ("placed within its bf16 values", "bf16"))
             for label, rounding in starts[1:] if args.dithered_only else starts:
                 out = Path(scratch) / f"{lr}-{rounding}"
-                run_update(replace(job, out=str(out), lr=lr, warmup_steps=0, dither_start_to=rounding), samples)
-                steps = "one step" if args.epochs == 1 else f"{args.epochs} steps"
+                history = run_update(
+                    replace(job, out=str(out), lr=lr, warmup_steps=0, dither_start_to=rounding), samples
+                )
+                steps = "one step" if len(history) == 1 else f"{len(history)} steps"
                 score(f"{steps} at lr {lr:g} from the start {label}", out)
 
 

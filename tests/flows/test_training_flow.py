@@ -315,9 +315,11 @@ def test_expected_verdicts_train_each_judged_steps_two_verdicts(prefect_server, 
         r"\(payoff < 0\); paid objective (\S+)$",
         re.M,
     )
-    for args in ([], ["--epochs", "2", "--sum-balanced"], ["--verdicts", "drawn", "--dithered-only"]):
+    for args in ([], ["--epochs", "2", "--updates", "2", "--sum-balanced"], ["--verdicts", "drawn", "--dithered-only"]):
         out = run_benchmark("first_rm_step", result["run_dir"], "--lr", "1e-5", "--prompts", "4", *args)
         found = line.findall(out)
         assert len(found) == (3 if "--dithered-only" in args else 4), out  # two starts, then each step
         assert {int(n) for n, _ in found} == {judged_steps}, out
         assert float(found[0][1]) == pytest.approx(objective, abs=2e-3), (out, objective)
+        if "--updates" in args:  # 2 passes of 2 mini-batches of whole steps, as the update logged them
+            assert f"{2 * min(2, judged_steps)} steps at lr 1e-05" in out, out
