@@ -4,7 +4,7 @@ placed within the bf16 sampler's values first (the update's `dither_start_to`).
     python -m benchmarks.first_rm_step RUN_DIR [--lr 1e-8,1e-5] [--prompts 40] [--epochs N] [--updates K]
         [--verdicts drawn|expected] [--precision fp32|bf16] [--sum-balanced] [--dithered-only]
 
-Replays iteration 0's RM update (the samples it trained on, the run's settings, AdamW as
+Replays iteration 0's RM update (the samples it trained on, the run's loss settings, AdamW as
 shipped, at each `--lr` with no warmup) twice: from the starting RM as it loads, and from it
 placed within its bf16 values (`models.precision.dither_to_bf16_`, what the update does when a
 bf16 sampler ran the start; from November 29 to December 6 it rounded them, `round_to_bf16_`,
@@ -19,9 +19,11 @@ What the step did on its own samples: with `algo.rm_advantage: reward` each judg
 a = advantage·S_j is known, and each result prints P(+1) (fp32) on the steps of payoff > 0 and
 < 0 and the paid objective mean a·(2p − 1): a step that raises both classes moved the prior.
 The update can be varied: `--epochs` passes over the same samples, each in `--updates`
-mini-batches (one optimizer step each; expected verdicts deal whole steps), the verdicts trained (`--verdicts`, `algo.rm_verdicts`), the update's `--precision`, and with
-`--sum-balanced` the expected verdicts' advantages rescaled so that the two payoff signs' sum
-to zero (no first-order push on a logit offset every prompt shares). `--dithered-only` skips
+mini-batches (one optimizer step each, 1 by default whatever the run's setting; expected
+verdicts deal whole steps), the verdicts trained (`--verdicts`, `algo.rm_verdicts`), the
+update's `--precision`, and with `--sum-balanced` the expected verdicts' advantages rescaled so
+that the two payoff signs' sum to zero over the whole batch (no first-order push on a logit
+offset every prompt shares; a mini-batch of several is not balanced on its own). `--dithered-only` skips
 the start as loaded (the loop's first update starts dithered where a bf16 sampler ran it).
 """
 

@@ -38,7 +38,7 @@ SHOWN = (
     "rm_process_accuracy",
     "rm_last_auroc",
     "plus_share",  # of the parsed verdicts: a judge that says +1 (or −1) to nearly all ranks nothing
-    "rm_progress_p_auroc",  # the progress AUROC of the judge's P(+1), where recorded: no draw noise
+    "rm_progress_p_auroc",  # the progress AUROC of the judge's P(+1), where recorded: no verdict draws
     "rm_p_plus_mean",
 )
 

@@ -42,8 +42,11 @@ def first_mini_batch(run_dir: Path, iteration: int, limit: int):
     if not samples:
         sys.exit(f"iteration {iteration} kept no RM sample: nothing trained")
     rng = random.Random(derive_seed(config.run.seed, iteration, "rm_update"))  # the update's own seed
-    mini = epoch_mini_batches(rng, len(samples), config.rm.optim.updates_per_iteration)[0][:limit]
-    return config, model_path(config, layout, "rm", iteration), [samples[i] for i in mini]
+    units = [s.unit for s in samples]
+    mini = epoch_mini_batches(rng, len(samples), config.rm.optim.updates_per_iteration, units)[0]
+    kept = mini[:limit]
+    kept += [i for i in mini[limit:] if units[i] is not None and units[i] in {units[j] for j in kept}]  # no half pair
+    return config, model_path(config, layout, "rm", iteration), [samples[i] for i in kept]
 
 
 def gradient(start: Path, samples: list[Sample], config, pad_id: int) -> torch.Tensor:

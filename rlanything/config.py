@@ -151,7 +151,7 @@ class OptimConfig(_Section):
     """Max global grad norm."""
     updates_per_iteration: int = Field(1, ge=1)
     """Optimizer steps per pass over the iteration's samples; the samples are split evenly across
-    them (mini-batches)."""
+    them (mini-batches), a judged step's two verdicts together under algo.rm_verdicts expected."""
     epochs: int = Field(1, ge=1)
     """Passes over the iteration's samples (PPO epochs), each reshuffled into new mini-batches:
     epochs × updates_per_iteration optimizer steps. From the second step on the weights differ from

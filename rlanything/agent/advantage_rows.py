@@ -81,7 +81,8 @@ def rm_process_metrics(judgments: pd.DataFrame, labels: pd.DataFrame, outcomes: 
     label: nothing is logged."""
     keys = list(zip(labels.traj_id.tolist(), labels.step_idx.tolist()))
     columns = [judgments[c].to_numpy() for c in ("traj_id", "step_idx", "step_score", "parsed")]
-    by_p = [p_plus_scores(judgments)[c].to_numpy() for c in ("traj_id", "step_idx", "step_score", "parsed")]
+    known = p_plus_scores(judgments)
+    by_p = [known[c].to_numpy() for c in ("traj_id", "step_idx", "step_score", "parsed")]
     result = process_accuracy(*columns, dict(zip(keys, labels.label.tolist())))
     if not result["labelled_steps"]:
         return {}
@@ -94,7 +95,7 @@ def rm_process_metrics(judgments: pd.DataFrame, labels: pd.DataFrame, outcomes: 
         "rm/process_auroc_before_last": process_auroc(*columns, early)["auroc"],
         # the headline: progress steps against setbacks, no-ops left out (algo.rm_accuracy.progress_auroc)
         "rm/progress_auroc_before_last": progress_auroc(*columns, rules)["auroc"],
-        # the same ranking read from the judge's P(+1), where both verdicts were scored: no draw noise
+        # the same ranking read from the judge's P(+1), where both verdicts were scored: no verdict draws
         "rm/progress_auroc_p_before_last": progress_auroc(*by_p, rules)["auroc"],
     }
 
@@ -129,6 +130,7 @@ def rm_verdict_metrics(judged: pd.DataFrame, rm: pd.DataFrame) -> dict[str, floa
 
 def p_plus_mean(judged: pd.DataFrame) -> float:
     """The mean of the judge's P(+1) over the judgments that recorded it (`p_plus_scores`); NaN
-    where none did. The m judgments of a step share it, so this is the mean over judged steps."""
+    where none did. A step has m judgments (sharing one P(+1) under direct verdicts, each its own
+    after reasoning), so this weighs every judged step alike."""
     known = p_plus_scores(judged)
     return float(known.step_score.mean()) if len(known) else math.nan

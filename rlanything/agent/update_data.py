@@ -192,21 +192,23 @@ def judgment_samples(config: Config, layout: RunLayout, iteration: int, chosen_o
         kept = adv[(adv.kind == "rm") & adv.kept][["traj_id", "step_idx", "judge_idx", "advantage"]]
         rows = kept.merge(judgments, on=["traj_id", "step_idx", "judge_idx"], how="inner", validate="one_to_one")
         if config.algo.rm_verdicts == "expected":
-            samples += expected_verdict_samples(rows, choice)
+            samples += expected_verdict_samples(rows, choice, first_unit=len(samples))  # units never repeat
         else:
             samples += [replace(s, replayed=i < iteration) for s in to_samples(rows, choice)]
     return samples
 
 
-def expected_verdict_samples(rows: pd.DataFrame, choice: Choice) -> list[Sample]:
+def expected_verdict_samples(rows: pd.DataFrame, choice: Choice, first_unit: int = 0) -> list[Sample]:
     """`algo.rm_verdicts` expected: the kept judgments `rows` (as `to_samples` reads them, with
     unchosen_logprobs) -> two samples per judged step, its +1 and its -1 direct verdict, each
     training its decision token with the advantage of `expected_verdict_advantages`: the payoff
     a = advantage * S_j of the step's judgments (one value a step under `rm_advantage: reward`)
     and the judge's probabilities of the two verdicts, read from the first option tokens' recorded
-    log-probs. The two samples of a step are one `Sample.unit`: every mini-batch holds both or
-    neither, so each mini-batch's first gradient is exact for its steps. Raises ValueError for a
-    judgment without both options' log-probs, or a step whose judgments disagree on the payoff."""
+    log-probs. The two samples of a step are one `Sample.unit` (numbered from `first_unit`): every
+    mini-batch holds both or neither, so the update's first step is exact for the steps in its
+    mini-batch; later mini-batches see moved weights, as a second epoch does. Raises ValueError
+    for a judgment without both options' log-probs, or a step whose judgments disagree on the
+    payoff."""
     steps = []
     for (traj_id, step_idx), step in rows.groupby(["traj_id", "step_idx"], sort=True):
         payoff = step.advantage.to_numpy() * step.step_score.to_numpy()
@@ -230,7 +232,14 @@ def expected_verdict_samples(rows: pd.DataFrame, choice: Choice) -> list[Sample]
     plus, minus = (np.array([v[s][1][first] for _, _, v in steps]) for s in (1, -1))
     advantages = expected_verdict_advantages(np.array([a for _, a, _ in steps]), plus, minus)
     return [
-        Sample(prompt + tail, len(tail), logprobs, float(adv), trained=chosen_tokens(tail, verdict, choice), unit=k)
+        Sample(
+            prompt + tail,
+            len(tail),
+            logprobs,
+            float(adv),
+            trained=chosen_tokens(tail, verdict, choice),
+            unit=first_unit + k,
+        )
         for k, ((prompt, _, verdicts), pair) in enumerate(zip(steps, advantages))
         for verdict, adv in zip((1, -1), pair)
         for tail, logprobs in [verdicts[verdict]]

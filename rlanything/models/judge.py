@@ -174,9 +174,9 @@ def chosen_tokens(response_ids: list[int], score: int, choice: Choice) -> list[b
 
 
 def _decoded_verdict(tokenizer, gen: Generation, choice: Choice) -> tuple:
-    """A verdict the engine decoded in the generation pass -> (reasoning text, response ids,
-    log-probs, score, raw box). gen.token_ids: the reasoning (its EOS given way to the opener),
-    then opener, option and closer."""
+    """A verdict the engine decoded in the generation pass -> `_verdict`'s tuple (no unchosen
+    log-probs, no P(+1): only the drawn option was scored). gen.token_ids: the reasoning (its EOS
+    given way to the opener), then opener, option and closer."""
     tail = len(choice.opener) + len(choice.options[gen.choice]) + len(choice.closer)
     reasoning = tokenizer.decode(gen.token_ids[: len(gen.token_ids) - tail], skip_special_tokens=True)
     return _verdict(reasoning, gen.token_ids, gen.logprobs, gen.choice)

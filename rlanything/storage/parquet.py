@@ -16,6 +16,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlanything.storage.schemas import LATER_COLUMNS
+
 
 def write_table(rows: pd.DataFrame | list[dict], schema: pa.Schema, path: Path) -> Path:
     """Validate `rows` against `schema` (exact columns, types cast) and write atomically."""
@@ -54,8 +56,15 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> Path:
 
 
 def read_table(path: Path, schema: pa.Schema) -> pd.DataFrame:
-    """Read an artifact, checking it was written with `schema`."""
+    """Read an artifact, checking it was written with `schema`; a file of an earlier version that
+    lacks only `schemas.LATER_COLUMNS` reads with those columns null."""
     table = pq.read_table(path)
+    missing = [f for f in schema if f.name not in table.column_names]
+    if missing and all(f.name in LATER_COLUMNS and f.nullable for f in missing):
+        have = set(table.column_names)
+        fields = [table.schema.field(f.name) if f.name in have else f for f in schema]
+        columns = [table.column(f.name) if f.name in have else pa.nulls(len(table), f.type) for f in schema]
+        table = pa.Table.from_arrays(columns, schema=pa.schema(fields))
     if not table.schema.equals(schema, check_metadata=False):
         raise ValueError(f"{path}: schema mismatch\n{table.schema}\n!=\n{schema}")
     return table.to_pandas()

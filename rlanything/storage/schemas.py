@@ -83,6 +83,11 @@ STEP_LABELS = pa.schema(
 # else null. Less noisy than the m drawn verdicts: rm/p_plus_mean, the AUROC of P(+1).
 P_PLUS = pa.field("p_plus", pa.float32())
 
+LATER_COLUMNS = frozenset({"unchosen_logprobs", "p_plus"})
+"""Nullable columns added to a schema after runs had written it (December 7): a file written
+without them reads with them null (`storage.parquet.read_table`), so older runs still resume,
+replay and re-judge. Any other difference is a schema mismatch."""
+
 JUDGMENTS = pa.schema(
     [
         pa.field("traj_id", pa.int32(), nullable=False),

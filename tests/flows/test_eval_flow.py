@@ -122,6 +122,8 @@ def test_the_rm_of_each_checkpoint_judges_the_held_out_episodes(evaluated_run):
             )
             expected |= {f"rm_outcome_before_last_{k}": before[k] for k in ("auroc", "auroc_low", "auroc_high")}
             expected["rm_judged_before_last"] = before["trajectories"]
+            known = judged.p_plus.dropna()  # tiny.yaml's verdicts are decoded in the pass: none recorded
+            expected["rm_p_plus_mean"] = known.mean() if len(known) else float("nan")
             assert {k: rows[split][k] for k in RM_MEASURES} == {
                 k: None if v != v else pytest.approx(v) for k, v in expected.items()
             }

@@ -267,9 +267,11 @@ def test_a_units_samples_share_every_mini_batch():
 
     from rlanything.models.training.trainer import epoch_mini_batches
 
-    order = random.Random(0).sample(range(5), 5)  # without units: every 2nd of the shuffled samples
-    assert epoch_mini_batches(random.Random(0), 5, 2) == [order[0::2], order[1::2]]
-    assert epoch_mini_batches(random.Random(0), 5, 2, [None] * 5) == [order[0::2], order[1::2]]
+    # without units, as every earlier version drew them (random.Random(0) shuffles 5 to [3, 4, 0, 1, 2])
+    assert epoch_mini_batches(random.Random(0), 5, 2) == [[3, 0, 2], [4, 1]]
+    assert epoch_mini_batches(random.Random(0), 5, 2, [None] * 5) == [[3, 0, 2], [4, 1]]
+    # one mini-batch has nothing to keep apart: the same draw (6 shuffled to [3, 5, 0, 1, 2, 4])
+    assert epoch_mini_batches(random.Random(0), 6, 1, [0, 0, 1, 1, 2, 2]) == [[3, 5, 0, 1, 2, 4]]
     units = [0, 0, None, 1, 1, 2, 2, None]
     for seed in range(20):
         for updates in (1, 2, 3, 9):

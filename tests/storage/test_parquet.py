@@ -131,3 +131,29 @@ def test_artifacts_are_read_and_written_by_name_with_their_schema(tmp_path):
     with pytest.raises(ValueError, match="schema mismatch"):  # an artifact written with another schema
         write_table([{"traj_id": 1}], pa.schema([pa.field("traj_id", pa.int32())]), layout.artifact(3, "outcomes"))
         read_artifact(layout, 3, "outcomes")
+
+
+def test_a_file_of_an_earlier_version_without_the_later_columns_reads_with_them_null(tmp_path):
+    """judgments.parquet before December 7 had neither unchosen_logprobs nor p_plus
+    (schemas.LATER_COLUMNS): it reads with both null, so older runs resume and re-judge; a file
+    that lacks any other column, or has a later column of another type, is still refused."""
+    from rlanything.storage.schemas import JUDGMENTS, LATER_COLUMNS
+
+    row = {
+        "traj_id": 0, "task_id": "t", "step_idx": 1, "judge_idx": 2, "verdict_mode": "constrained",
+        "prompt": "p", "reasoning": "r", "raw_box": "1", "step_score": 1, "parsed": True,
+        "prompt_ids": [1, 2], "response_ids": [3], "logprobs": [-0.5], "weights": "w",
+    }  # fmt: skip
+    older = pa.schema([f for f in JUDGMENTS if f.name not in LATER_COLUMNS])
+    pq.write_table(pa.Table.from_pylist([row], schema=older), tmp_path / "old.parquet")
+    frame = read_table(tmp_path / "old.parquet", JUDGMENTS)
+    assert list(frame.columns) == JUDGMENTS.names
+    assert frame.unchosen_logprobs[0] is None and frame.p_plus.isna().all() and frame.logprobs[0].tolist() == [-0.5]
+    no_weights = pa.schema([f for f in older if f.name != "weights"])
+    pq.write_table(pa.Table.from_pylist([row], schema=no_weights), tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match="schema mismatch"):
+        read_table(tmp_path / "bad.parquet", JUDGMENTS)
+    odd = older.append(pa.field("p_plus", pa.string()))  # a later column, but not as declared
+    pq.write_table(pa.Table.from_pylist([row | {"p_plus": "x"}], schema=odd), tmp_path / "odd.parquet")
+    with pytest.raises(ValueError, match="schema mismatch"):
+        read_table(tmp_path / "odd.parquet", JUDGMENTS)

@@ -167,8 +167,9 @@ def ppo_update(
     anchor_beta: float = 0.0,
 ) -> list[dict]:
     """`epochs` passes over `samples`, each reshuffled (seeded) into min(updates, len(samples))
-    mini-batches of one optimizer step each. `lr_at(k)` sets the lr of this call's k-th step
-    (0-based; None keeps the optimizer's). `precision` fp32 or bf16 (autocast); `recompute_old`:
+    mini-batches of one optimizer step each (whole units where samples share a `Sample.unit`:
+    `epoch_mini_batches`). `lr_at(k)` sets the lr of this call's k-th step (0-based; None keeps
+    the optimizer's). `precision` fp32 or bf16 (autocast); `recompute_old`:
     the trainer's own old log-probs (module docstring); `tis_cap`: truncated importance sampling
     against the sampler (needs `recompute_old`); `anchor_beta`: the weight of the KL against the
     samples' anchor_logprobs (`with_anchor_logprobs`). -> one stats dict per optimizer step
@@ -221,16 +222,16 @@ def epoch_mini_batches(rng: random.Random, n: int, updates: int, units: list | N
     `units` (n,): samples with the same unit (not None) stay in one mini-batch. Then the units are
     shuffled (a sample of unit None is one alone) and dealt the same way, min(updates, units)
     mini-batches. Example: units [0, 0, None, 1, 1], updates 2, unit order [{3, 4}, {2}, {0, 1}]
-    -> [[3, 4, 0, 1], [2]]. Without units the draws are those of earlier versions."""
-    if units is None or all(u is None for u in units):
-        n_mini = min(updates, n)
-        order = rng.sample(range(n), n)
-        return [order[k::n_mini] for k in range(n_mini)]
+    -> [[3, 4, 0, 1], [2]]. Without units, or with one mini-batch (nothing to keep together), the
+    draws are those of earlier versions: a run resumed across versions reproduces."""
     groups: dict = {}
-    for i, unit in enumerate(units):
+    for i, unit in enumerate(units or [None] * n):
         groups.setdefault(("alone", i) if unit is None else ("unit", unit), []).append(i)
     members = list(groups.values())
     n_mini = min(updates, len(members))
+    if len(members) == n or n_mini == 1:
+        order = rng.sample(range(n), n)
+        return [order[k::n_mini] for k in range(n_mini)]
     order = rng.sample(members, len(members))
     return [[i for group in order[k::n_mini] for i in group] for k in range(n_mini)]
 
