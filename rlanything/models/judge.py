@@ -237,9 +237,9 @@ def _constrained_verdicts(
 
 
 def _p_plus(choice: Choice, firsts: torch.Tensor) -> float:
-    """P(+1) of the verdict `Choice.pick` draws from `firsts` (the options' first-token log-probs):
-    their softmax, renormalised over the options. Example: log [0.2, 0.6] for {1, -1} -> 0.25."""
-    return float(torch.softmax(firsts, 0)[list(choice.options).index(1)])
+    """P(+1) of the verdict `Choice.pick` draws from `firsts` (the options' first-token log-probs,
+    `Choice.probabilities`). Example: log [0.2, 0.6] for {1, -1} -> 0.25."""
+    return float(choice.probabilities(firsts)[list(choice.options).index(1)])
 
 
 def _scored_options(engine, choice: Choice, contexts, temperature: float, cache: PrefixCache) -> list[tuple]:

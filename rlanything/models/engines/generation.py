@@ -42,6 +42,11 @@ class Choice:
     options: dict[int, list[int]]
     closer: list[int]
 
+    def probabilities(self, first_logprobs: torch.Tensor) -> torch.Tensor:
+        """(K,) each option's probability, its first token's renormalised over the options, in
+        `options`' order: the distribution `pick` draws from. Example: log [0.2, 0.6] -> [0.25, 0.75]."""
+        return torch.softmax(first_logprobs, 0)
+
     def pick(self, first_logprobs: torch.Tensor, u: float | torch.Tensor) -> int:
         """The option drawn with the uniform `u`: the first option (in `options`' order) whose
         cumulative probability, renormalised over the options, exceeds u; for {1, -1}: 1 iff
@@ -51,7 +56,7 @@ class Choice:
         first_logprobs (K,): each option's first token's log-prob under temperature T, in
         `options`' order; computed in their dtype. Example: log [0.2, 0.6] -> [0.25, 0.75]
         renormalised; u 0.1 -> the first option, u 0.3 -> the second."""
-        cdf = torch.softmax(first_logprobs, 0).cumsum(0)
+        cdf = self.probabilities(first_logprobs).cumsum(0)
         u = torch.as_tensor(u).reshape(1).to(cdf)
         return list(self.options)[int(torch.searchsorted(cdf, u, right=True).clamp(max=len(cdf) - 1))]
 
