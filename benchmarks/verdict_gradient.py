@@ -45,7 +45,8 @@ def first_mini_batch(run_dir: Path, iteration: int, limit: int):
     units = [s.unit for s in samples]
     mini = epoch_mini_batches(rng, len(samples), config.rm.optim.updates_per_iteration, units)[0]
     kept = mini[:limit]
-    kept += [i for i in mini[limit:] if units[i] is not None and units[i] in {units[j] for j in kept}]  # no half pair
+    cut = {units[i] for i in kept} - {None}
+    kept += [i for i in mini[limit:] if units[i] in cut]  # the partners of kept samples: no half pair
     return config, model_path(config, layout, "rm", iteration), [samples[i] for i in kept]
 
 

@@ -80,15 +80,15 @@ def rm_process_metrics(judgments: pd.DataFrame, labels: pd.DataFrame, outcomes: 
     of the verdicts and of P(+1) (`p_plus_scores`) (frame glue); {} when no judged step has a
     label: nothing is logged."""
     keys = list(zip(labels.traj_id.tolist(), labels.step_idx.tolist()))
-    columns = [judgments[c].to_numpy() for c in ("traj_id", "step_idx", "step_score", "parsed")]
-    known = p_plus_scores(judgments)
-    by_p = [known[c].to_numpy() for c in ("traj_id", "step_idx", "step_score", "parsed")]
+    ranked = ("traj_id", "step_idx", "step_score", "parsed")
+    columns = [judgments[c].to_numpy() for c in ranked]
     result = process_accuracy(*columns, dict(zip(keys, labels.label.tolist())))
     if not result["labelled_steps"]:
         return {}
     last = dict(zip(outcomes.traj_id, outcomes.num_steps - 1))
     early = {key: label for key, label in zip(keys, labels.label.tolist()) if last.get(key[0]) != key[1]}
     rules = {key: rule for key, rule in zip(keys, labels.rule.tolist()) if key in early}
+    by_p = p_plus_scores(judgments)
     return {
         names.RM_PROCESS_ACCURACY: result["process_accuracy"],
         "rm/process_labels": result["labelled_steps"],
@@ -96,7 +96,7 @@ def rm_process_metrics(judgments: pd.DataFrame, labels: pd.DataFrame, outcomes: 
         # the headline: progress steps against setbacks, no-ops left out (algo.rm_accuracy.progress_auroc)
         "rm/progress_auroc_before_last": progress_auroc(*columns, rules)["auroc"],
         # the same ranking read from the judge's P(+1), where both verdicts were scored: no verdict draws
-        "rm/progress_auroc_p_before_last": progress_auroc(*by_p, rules)["auroc"],
+        "rm/progress_auroc_p_before_last": progress_auroc(*(by_p[c].to_numpy() for c in ranked), rules)["auroc"],
     }
 
 

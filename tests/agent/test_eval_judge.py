@@ -80,6 +80,35 @@ def test_rm_measures_by_hand():
     assert ood["rm_verdict_shares"] == {"episode lost": [0.0, 2]}
 
 
+# Two labelled episodes, m = 2 judgments a step, for the hand-computed measures below: episode 0
+# won in 3 steps (closer, farther, closer), episode 1 lost in 2 (invalid, unchanged).
+EPISODES = pd.DataFrame({"split": ["ood"] * 2, "problem_idx": [0, 1], "outcome": [1, -1], "num_steps": [3, 2]})
+LABELS = pd.DataFrame(
+    {
+        "split": ["ood"] * 5,
+        "problem_idx": [0, 0, 0, 1, 1],
+        "step_idx": [0, 1, 2, 0, 1],
+        "label": [1, -1, 1, -1, 1],
+        "rule": ["closer", "farther", "closer", "invalid", "unchanged"],
+        "last": [False, False, True, False, True],
+    }
+)
+
+
+def two_episodes_judged(step_score: list[int], **columns) -> pd.DataFrame:
+    """EPISODES' 10 judgments, step-major: (0, 0) twice, (0, 1) twice, ..., with these verdicts."""
+    return pd.DataFrame(
+        {
+            "split": ["ood"] * 10,
+            "problem_idx": [0] * 6 + [1] * 4,
+            "step_idx": [0, 0, 1, 1, 2, 2, 0, 0, 1, 1],
+            "step_score": step_score,
+            "parsed": [True] * 10,
+            **columns,
+        }
+    )
+
+
 def test_process_measures_by_hand_with_the_last_steps_apart():
     # Episode 0 (won, 3 steps) and 1 (lost, 2 steps), m = 2. Labels, step means (majority):
     #   (0, 0) closer    +1, means +1    (right)   (0, 1) farther -1, mean 0 (a tie: wrong)
@@ -87,26 +116,8 @@ def test_process_measures_by_hand_with_the_last_steps_apart():
     #   (1, 0) invalid   -1, mean -1     (right)   (1, 1) unchanged +1, mean -1, last (wrong)
     # Before the last: accuracy 2/3; AUROC of good {+1} over bad {0, -1}: both pairs right -> 1.
     # Last steps: accuracy 1/2; good {+1, -1}, no bad step -> AUROC n/a.
-    episodes = pd.DataFrame({"split": ["ood"] * 2, "problem_idx": [0, 1], "outcome": [1, -1], "num_steps": [3, 2]})
-    judgments = pd.DataFrame(
-        {
-            "split": ["ood"] * 10,
-            "problem_idx": [0] * 6 + [1] * 4,
-            "step_idx": [0, 0, 1, 1, 2, 2, 0, 0, 1, 1],
-            "step_score": [1, 1, 1, -1, 1, 1, -1, -1, -1, -1],
-            "parsed": [True] * 10,
-        }
-    )
-    labels = pd.DataFrame(
-        {
-            "split": ["ood"] * 5,
-            "problem_idx": [0, 0, 0, 1, 1],
-            "step_idx": [0, 1, 2, 0, 1],
-            "label": [1, -1, 1, -1, 1],
-            "rule": ["closer", "farther", "closer", "invalid", "unchanged"],
-            "last": [False, False, True, False, True],
-        }
-    )
+    judgments = two_episodes_judged([1, 1, 1, -1, 1, 1, -1, -1, -1, -1])
+    episodes, labels = EPISODES, LABELS
     ood = rm_measures(episodes, judgments, labels)["ood"]
     assert ood["rm_process_accuracy"] == pytest.approx(2 / 3) and ood["rm_process_auroc"] == 1.0
     assert (ood["rm_process_good"], ood["rm_process_bad"]) == (1, 2)
@@ -241,35 +252,18 @@ def test_the_judges_p_plus_ranks_steps_apart_from_its_drawn_verdicts_held_out_an
     # Progress before the last, by the drawn verdicts: good {-1} below bad {+1, 0} -> 0.
     # By P(+1): good {0.9} above bad {0.4, 0.6} -> 1. Mean P(+1) over the judgments that recorded
     # it: (0.9 + 0.4 + 0.99 + 0.6) / 4 = 0.7225 (each step counted once: its m share it).
-    episodes = pd.DataFrame({"split": ["ood"] * 2, "problem_idx": [0, 1], "outcome": [1, -1], "num_steps": [3, 2]})
-    judgments = pd.DataFrame(
-        {
-            "split": ["ood"] * 10,
-            "problem_idx": [0] * 6 + [1] * 4,
-            "step_idx": [0, 0, 1, 1, 2, 2, 0, 0, 1, 1],
-            "step_score": [-1, -1, 1, 1, 1, 1, 1, -1, -1, -1],
-            "parsed": [True] * 10,
-            "p_plus": [0.9, 0.9, 0.4, 0.4, 0.99, 0.99, 0.6, 0.6, None, None],
-        }
+    judgments = two_episodes_judged(
+        [-1, -1, 1, 1, 1, 1, 1, -1, -1, -1], p_plus=[0.9, 0.9, 0.4, 0.4, 0.99, 0.99, 0.6, 0.6, None, None]
     )
-    labels = pd.DataFrame(
-        {
-            "split": ["ood"] * 5,
-            "problem_idx": [0, 0, 0, 1, 1],
-            "step_idx": [0, 1, 2, 0, 1],
-            "label": [1, -1, 1, -1, 1],
-            "rule": ["closer", "farther", "closer", "invalid", "unchanged"],
-            "last": [False, False, True, False, True],
-        }
-    )
+    episodes, labels = EPISODES, LABELS
     ood = rm_measures(episodes, judgments, labels)["ood"]
     assert ood["rm_progress_auroc"] == 0.0 and ood["rm_progress_p_auroc"] == 1.0
     assert ood["rm_p_plus_mean"] == pytest.approx(0.7225)
     assert math.isnan(ood["rm_progress_p_auroc_low"])  # 1 progress step: too few for an interval
     # in the loop, the same frames under training's column names (agent.advantage_rows)
-    frame = judgments.rename(columns={"problem_idx": "traj_id"})
-    loop = rm_process_metrics(frame, labels.rename(columns={"problem_idx": "traj_id"}), episodes.rename(
-        columns={"problem_idx": "traj_id"}))  # fmt: skip
+    in_training = {"problem_idx": "traj_id"}
+    frame = judgments.rename(columns=in_training)
+    loop = rm_process_metrics(frame, labels.rename(columns=in_training), episodes.rename(columns=in_training))
     assert loop["rm/progress_auroc_before_last"] == 0.0 and loop["rm/progress_auroc_p_before_last"] == 1.0
     assert p_plus_mean(frame) == pytest.approx(0.7225)
     # judgments without the column (free verdicts, an older run): no P(+1) figure, never a made-up one
