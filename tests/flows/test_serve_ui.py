@@ -138,9 +138,10 @@ def test_deployment_started_from_the_prefect_ui_completes_and_its_plots_show_in_
             edited[0].fill("run.name=from-ui")
             page.screenshot(path=shots / "2-prefect-run-dialog.png")
             dialog.get_by_role("button", name="Run", exact=True).click()
-            page.get_by_text("scheduled to start now").first.wait_for()  # the UI's confirmation toast
+            # The run the click created, read from the API: the UI's toast ("... scheduled to start now") lasts
+            # a few seconds and was once missed on a loaded 2-core machine; an error toast is kept in the message.
+            flow_run_id = _flow_run_with(prefect_url, "run.name=from-ui", page=page)
             page.screenshot(path=shots / "3-prefect-run-scheduled.png")
-            flow_run_id = _flow_run_with(prefect_url, "run.name=from-ui")
             page.goto(f"{prefect_url}/runs/flow-run/{flow_run_id}", wait_until="networkidle")
             deadline = time.monotonic() + 420
             while (state := api(f"{prefect_url}/api/flow_runs/{flow_run_id}")["state"]["type"]) not in (
@@ -202,7 +203,7 @@ def test_deployment_started_from_the_prefect_ui_completes_and_its_plots_show_in_
     assert (root / "from-ui" / "iter_0000" / "DONE").exists()
 
 
-def _flow_run_with(prefect_url: str, override: str, timeout: float = 60) -> str:
+def _flow_run_with(prefect_url: str, override: str, page, timeout: float = 120) -> str:
     """Id of the flow run the page just created: the one whose overrides hold `override`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -210,7 +211,7 @@ def _flow_run_with(prefect_url: str, override: str, timeout: float = 60) -> str:
             if override in (run["parameters"].get("overrides") or []):
                 return run["id"]
         time.sleep(0.5)
-    raise AssertionError(f"no flow run with {override}")
+    raise AssertionError(f"no flow run with {override}; the page says: {page.inner_text('body')[-2000:]}")
 
 
 def _deployment(prefect_url: str) -> dict | None:
