@@ -3,6 +3,7 @@ placed within the bf16 sampler's values first (the update's `dither_start_to`).
 
     python -m benchmarks.first_rm_step RUN_DIR [--lr 1e-8,1e-5] [--prompts 40] [--epochs N] [--updates K]
         [--verdicts drawn|expected] [--precision fp32|bf16] [--sum-balanced] [--dithered-only]
+        [--stratified] [--fp32-only]
 
 Replays iteration 0's RM update (the samples it trained on, the run's loss settings, AdamW as
 shipped, at each `--lr` with no warmup) twice: from the starting RM as it loads, and from it
@@ -25,6 +26,10 @@ update's `--precision`, and with `--sum-balanced` the expected verdicts' advanta
 that the two payoff signs' sum to zero over the whole batch (no first-order push on a logit
 offset every prompt shares; a mini-batch of several is not balanced on its own). `--dithered-only` skips
 the start as loaded (the loop's first update starts dithered where a bf16 sampler ran it).
+`--stratified` deals the expected verdicts' steps so that every mini-batch holds both payoff
+signs in the pass's proportions (`algo.rm_stratify`). `--fp32-only`, for a run whose sampler ran
+in fp32: no bf16 rounding or scoring, the start as loaded only (bf16 matmuls are slow on a CPU
+without bf16 units).
 """
 
 from __future__ import annotations
@@ -98,12 +103,18 @@ def main() -> None:
     ap.add_argument("--precision", choices=["fp32", "bf16"], help="the update's; default the run's")
     ap.add_argument("--sum-balanced", action="store_true", help="expected verdicts: the signs' c sum to 0")
     ap.add_argument("--dithered-only", action="store_true", help="skip the start as loaded")
+    ap.add_argument("--stratified", action="store_true", help="both payoff signs in every mini-batch")
+    ap.add_argument("--fp32-only", action="store_true", help="no bf16 rounding or scoring")
     args = ap.parse_args()
     header("first_rm_step: the RM's first update, from its start as loaded and placed within its bf16 values")
     print(f"   {cpu_line()}")
     config, layout = load_config(args.run_dir / "config.yaml"), RunLayout(args.run_dir)
-    if args.verdicts:
-        config = config.model_copy(update={"algo": config.algo.model_copy(update={"rm_verdicts": args.verdicts})})
+    algo = {"rm_verdicts": args.verdicts} if args.verdicts else {}
+    config = config.model_copy(
+        update={
+            "algo": config.algo.model_copy(update=algo | {"rm_stratify": args.stratified or config.algo.rm_stratify})
+        }
+    )
     samples = update_samples(config, layout, 0, "rm")
     if args.sum_balanced:
         samples = sum_balanced(samples)
@@ -117,8 +128,9 @@ def main() -> None:
     print(f"   start weights exactly halfway between two bf16 values: {tie_share(model):.1%}")
 
     def score(label: str, folder: Path) -> None:
-        p = {prec: plus_probability(folder, prec, prompts, config.rm.temperature).mean() for prec in ("bf16", "fp32")}
-        print(f"   {label}: P(+1) scored in bf16 {p['bf16']:.3f}, in fp32 {p['fp32']:.3f}", flush=True)
+        precisions = ("fp32",) if args.fp32_only else ("bf16", "fp32")
+        p = {prec: plus_probability(folder, prec, prompts, config.rm.temperature).mean() for prec in precisions}
+        print(f"   {label}: P(+1) scored in " + ", in ".join(f"{k} {v:.3f}" for k, v in p.items()), flush=True)
         if own is not None and len(own):
             q, a = plus_probability(folder, "fp32", list(own.prompts), config.rm.temperature), own.payoff.to_numpy()
             up, down = (shown(q[side].mean()) if side.any() else "n/a" for side in (a > 0, a < 0))
@@ -129,15 +141,17 @@ def main() -> None:
             )
 
     with tempfile.TemporaryDirectory() as scratch:
-        rounded = Path(scratch) / "rounded-start"
-        round_to_bf16_(model)
-        save_checkpoint(model, load_tokenizer(start), None, rounded)
-        del model
         score("start as loaded", start)
-        score("start rounded to bf16", rounded)
+        if not args.fp32_only:
+            rounded = Path(scratch) / "rounded-start"
+            round_to_bf16_(model)
+            save_checkpoint(model, load_tokenizer(start), None, rounded)
+            score("start rounded to bf16", rounded)
+        del model
+        starts = (("as loaded", None), ("placed within its bf16 values", "bf16"))
+        starts = starts[:1] if args.fp32_only else starts[1:] if args.dithered_only else starts
         for lr in (float(x) for x in args.lr.split(",")):
-            starts = (("as loaded", None), ("placed within its bf16 values", "bf16"))
-            for label, rounding in starts[1:] if args.dithered_only else starts:
+            for label, rounding in starts:
                 out = Path(scratch) / f"{lr}-{rounding}"
                 history = run_update(
                     replace(job, out=str(out), lr=lr, warmup_steps=0, dither_start_to=rounding), samples

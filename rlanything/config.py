@@ -529,6 +529,13 @@ class AlgoConfig(_Section):
     false, rm_advantage reward and no rm.replay_iterations. A step's two verdicts cancel the
     softmax's normaliser only together, so they share every mini-batch (`Sample.unit`); the m
     judgments still give the policy's step scores."""
+    rm_stratify: bool = False
+    """With algo.rm_verdicts expected and several RM mini-batches (rm.optim.updates_per_iteration):
+    deal the judged steps so that every mini-batch holds the steps paid towards +1 and those paid
+    towards −1 in the pass's proportions (our departure; `trainer.epoch_mini_batches`). Where
+    nearly every judged step belongs to a lost episode, a random deal leaves most mini-batches
+    with one class, whatever algo.rm_balance does to the pass's totals; ten such steps in one
+    pass drifted the judge towards −1 (docs/judge.md)."""
     rm_target: Literal["outcome", "progress"] = "outcome"
     """What a judgment of the RM is paid for. `outcome`: R·S_j, its episode's outcome and the
     step scores (the paper). `progress` (our departure, docs/method.md): sign(V(s_t+1) −
@@ -705,6 +712,10 @@ class Config(_Section):
             self._check_replay()
         if self.algo.rm_verdicts == "expected":
             self._check_expected_verdicts()
+        elif self.algo.rm_stratify:
+            raise ValueError(
+                "algo.rm_stratify deals the steps by their payoff's sign: it needs algo.rm_verdicts expected"
+            )
         if self.algo.rm_balance and self.rm.role != "judge":
             raise ValueError("algo.rm_balance reweights judgments: it needs rm.role judge")
         if self.algo.rm_advantage != "zscore" and self.rm.role != "judge":

@@ -341,3 +341,7 @@ def test_expected_verdicts_need_a_direct_verdict_paid_per_unit_of_s():
             build_config({**ok, "rm": {**ok["rm"], key: value}})
     with pytest.raises(ConfigError, match="algo.rm_advantage: reward"):
         build_config({**ok, "algo": {"rm_verdicts": "expected"}})
+    # the stratified deal reads the expected verdicts' payoff signs
+    assert build_config({**ok, "algo": {**ok["algo"], "rm_stratify": True}}).algo.rm_stratify
+    with pytest.raises(ConfigError, match="algo.rm_stratify .* needs algo.rm_verdicts expected"):
+        build_config({"algo": {"rm_stratify": True}})

@@ -192,13 +192,16 @@ def judgment_samples(config: Config, layout: RunLayout, iteration: int, chosen_o
         kept = adv[(adv.kind == "rm") & adv.kept][["traj_id", "step_idx", "judge_idx", "advantage"]]
         rows = kept.merge(judgments, on=["traj_id", "step_idx", "judge_idx"], how="inner", validate="one_to_one")
         if config.algo.rm_verdicts == "expected":
-            samples += expected_verdict_samples(rows, choice, first_unit=len(samples))  # units never repeat
+            # units never repeat
+            samples += expected_verdict_samples(rows, choice, len(samples), stratified=config.algo.rm_stratify)
         else:
             samples += [replace(s, replayed=i < iteration) for s in to_samples(rows, choice)]
     return samples
 
 
-def expected_verdict_samples(rows: pd.DataFrame, choice: Choice, first_unit: int = 0) -> list[Sample]:
+def expected_verdict_samples(
+    rows: pd.DataFrame, choice: Choice, first_unit: int = 0, stratified: bool = False
+) -> list[Sample]:
     """`algo.rm_verdicts` expected: the kept judgments `rows` (as `to_samples` reads them, with
     unchosen_logprobs) -> two samples per judged step, its +1 and its -1 direct verdict, each
     training its decision token with the advantage of `expected_verdict_advantages`: the payoff
@@ -206,7 +209,10 @@ def expected_verdict_samples(rows: pd.DataFrame, choice: Choice, first_unit: int
     and the judge's probabilities of the two verdicts, read from the first option tokens' recorded
     log-probs. The two samples of a step are one `Sample.unit` (numbered from `first_unit`): every
     mini-batch holds both or neither, so the update's first step is exact for the steps in its
-    mini-batch; later mini-batches see moved weights, as a second epoch does. Raises ValueError
+    mini-batch; later mini-batches see moved weights, as a second epoch does. With `stratified`
+    (algo.rm_stratify) a step's `Sample.stratum` is the sign of its payoff (1, -1, or 0: paid
+    nothing), so every mini-batch holds the steps paid towards +1 and towards -1 in the pass's
+    proportions. Raises ValueError
     for a judgment without both options' log-probs, or a step whose judgments disagree on the
     payoff."""
     steps = []
@@ -239,8 +245,9 @@ def expected_verdict_samples(rows: pd.DataFrame, choice: Choice, first_unit: int
             float(adv),
             trained=chosen_tokens(tail, verdict, choice),
             unit=first_unit + k,
+            stratum=int(np.sign(paid)) if stratified else None,
         )
-        for k, ((prompt, _, verdicts), pair) in enumerate(zip(steps, advantages))
+        for k, ((prompt, paid, verdicts), pair) in enumerate(zip(steps, advantages))
         for verdict, adv in zip((1, -1), pair)
         for tail, logprobs in [verdicts[verdict]]
     ]

@@ -91,6 +91,11 @@ def test_each_step_trains_both_verdicts_decision_tokens_weighted_by_the_judges_p
             assert sample.input_ids == prompt + tail and sample.response_len == len(tail)
             assert sample.old_logprobs == pytest.approx(engine.score([prompt], [tail], temperature=T)[0], abs=1e-4)
             assert [i for i, t in enumerate(sample.trained) if t] == [len(choice.opener)]
+    assert all(s.stratum is None for s in samples)
+    # algo.rm_stratify: a step's two samples carry the sign of its payoff (1.5 and -1.0)
+    stratified = expected_verdict_samples(frame, choice, stratified=True)
+    assert [s.stratum for s in stratified] == [1, 1, -1, -1]
+    assert [s.unit for s in stratified] == [0, 0, 1, 1]
 
 
 def test_the_first_steps_gradient_is_exactly_minus_the_expected_payoffs(judged, tiny_tokenizer):

@@ -270,8 +270,9 @@ def test_rm_replay_adds_the_earlier_iterations_kept_judgments_and_recomputes_the
 def test_expected_verdicts_train_each_judged_steps_two_verdicts(prefect_server, tmp_path, run_benchmark):
     """algo.rm_verdicts expected through the real flow (one iteration, direct verdicts): the RM
     update trains two samples a judged step with kept judgments, not its m = 3 judgments, and
-    its weights move. benchmarks/first_rm_step.py then replays that update's variants and prints,
-    for the start as loaded, the paid objective of the recorded probabilities of both verdicts."""
+    its weights move; with algo.rm_stratify each step carries its payoff's sign. benchmarks/first_rm_step.py
+    then replays that update's variants and prints, for the start as loaded, the paid objective of the
+    recorded probabilities of both verdicts."""
     import re
 
     import numpy as np
@@ -285,7 +286,8 @@ def test_expected_verdicts_train_each_judged_steps_two_verdicts(prefect_server, 
     overrides = [f"run.root={tmp_path}", "run.name=expected", "run.iterations=1", "env.num_problems=2"]
     overrides += ["policy.tasks_per_iteration=2", "rm.max_new_tokens=0", "rm.train_forced_tokens=false"]
     overrides += ["algo.rm_advantage=reward", "algo.rm_verdicts=expected", "adapt.enabled=false"]
-    overrides += ["rm.optim.updates_per_iteration=2"]  # two mini-batches, each of whole steps
+    # two mini-batches, each of whole steps, each with both payoff signs where there are both
+    overrides += ["rm.optim.updates_per_iteration=2", "algo.rm_stratify=true"]
     result = train_flow(str(REPO / "configs" / "tiny.yaml"), overrides)
     config, layout = open_run(result["run_dir"])
     adv = read_table(layout.artifact(0, "advantages"), schemas.ADVANTAGES)
@@ -299,6 +301,7 @@ def test_expected_verdicts_train_each_judged_steps_two_verdicts(prefect_server, 
     assert sorted(update.num_samples, reverse=True) == [h for h in halves if h]
     samples = judgment_samples(config, layout, 0, chosen_only=True)
     assert [s.advantage > 0 for s in samples[::2]] == [s.advantage < 0 for s in samples[1::2]]
+    assert [s.stratum for s in samples] == [int(np.sign(s.advantage)) for s in samples[::2] for _ in (1, -1)]
     start = load_model(resolve_model_path(config.rm.model)).state_dict()
     trained = load_model(layout.checkpoint("rm", 0)).state_dict()
     assert any(not torch.equal(start[k], trained[k]) for k in start)
@@ -317,11 +320,20 @@ def test_expected_verdicts_train_each_judged_steps_two_verdicts(prefect_server, 
         r"\(payoff < 0\); paid objective (\S+)$",
         re.M,
     )
-    for args in ([], ["--epochs", "2", "--updates", "2", "--sum-balanced"], ["--verdicts", "drawn", "--dithered-only"]):
+    variants = (
+        [],
+        ["--epochs", "2", "--updates", "2", "--sum-balanced"],
+        ["--verdicts", "drawn", "--dithered-only"],
+        ["--updates", "2", "--fp32-only"],  # the start as loaded, then its one result
+    )
+    for args in variants:
         out = run_benchmark("first_rm_step", result["run_dir"], "--lr", "1e-5", "--prompts", "4", *args)
         found = line.findall(out)
-        assert len(found) == (3 if "--dithered-only" in args else 4), out  # two starts, then each step
+        assert len(found) == {"--dithered-only": 3, "--fp32-only": 2}.get(args[-1] if args else "", 4), out
         assert {int(n) for n, _ in found} == {judged_steps}, out
         assert float(found[0][1]) == pytest.approx(objective, abs=2e-3), (out, objective)
-        if "--updates" in args:  # 2 passes of 2 mini-batches of whole steps, as the update logged them
+        if "--epochs" in args:  # 2 passes of 2 mini-batches of whole steps, as the update logged them
             assert f"{2 * min(2, judged_steps)} steps at lr 1e-05" in out, out
+        if "--fp32-only" in args:  # nothing rounded to or scored in bf16
+            scored = [row for row in out.splitlines() if "scored in" in row]
+            assert len(scored) == 2 and not any("bf16" in row for row in scored), out

@@ -112,9 +112,10 @@ def test_job_files_round_trip(tiny_model_path, samples, tmp_path):
     marked = [Sample(s.input_ids, s.response_len, s.old_logprobs, s.advantage, trained=trained) for s in samples[:1]]
     marked[0].replayed = True  # a judgment of an earlier iteration (rm.replay_iterations)
     marked[0].unit = 7  # one judged step's two verdicts (algo.rm_verdicts expected)
+    marked[0].stratum = -1  # paid towards -1 (algo.rm_stratify)
     again = read_job(write_job(original, marked, tmp_path / "jobs" / "rm.json"))[1][0]
-    assert again.trained == trained and again.replayed and again.unit == 7
-    assert all(r.unit is None for r in read)
+    assert again.trained == trained and again.replayed and again.unit == 7 and again.stratum == -1
+    assert all(r.unit is None and r.stratum is None for r in read)
 
 
 def test_train_config():

@@ -286,6 +286,43 @@ def test_a_units_samples_share_every_mini_batch():
     assert len(dealt) > 5  # shuffled, not a fixed deal
 
 
+def test_strata_are_spread_evenly_over_the_mini_batches():
+    """algo.rm_stratify: each stratum's units are shuffled apart and dealt on in turn, so every
+    mini-batch holds each stratum's share to within one unit; a unit stays whole; a unit across two
+    strata is refused. Without strata a deal of 2 won and 8 lost steps into 5 mini-batches leaves
+    3 or more with no won step (checked over seeds): the case it is for."""
+    import random
+
+    from rlanything.models.training.trainer import epoch_mini_batches
+
+    # hand-computed: random.Random(0) shuffles stratum -1 to [5, 3, 2, 4], then stratum 1 to [1, 0]
+    assert epoch_mini_batches(random.Random(0), 6, 2, None, [1, 1, -1, -1, -1, -1]) == [[5, 2, 1], [3, 4, 0]]
+    strata = [1, 1] + [-1] * 8 + [0] * 3  # 2 won, 8 lost, 3 paid nothing
+    for seed in range(30):
+        for updates in (2, 3, 5):
+            minis = epoch_mini_batches(random.Random(seed), 13, updates, None, strata)
+            assert sorted(i for mini in minis for i in mini) == list(range(13))
+            for label, count in ((1, 2), (-1, 8), (0, 3)):
+                shares = [sum(strata[i] == label for i in mini) for mini in minis]
+                assert max(shares) - min(shares) <= 1 and sum(shares) == count, (seed, updates, label, shares)
+    plain = [epoch_mini_batches(random.Random(s), 10, 5, None) for s in range(30)]
+    assert all(sum(not ({0, 1} & set(mini)) for mini in minis) >= 3 for minis in plain)
+    # units: a pair stays together; the pairs of each stratum are dealt evenly
+    units, strata = [0, 0, 1, 1, 2, 2, 3, 3], [1, 1, -1, -1, -1, -1, 1, 1]
+    for seed in range(20):
+        minis = epoch_mini_batches(random.Random(seed), 8, 2, units, strata)
+        assert sorted(i for mini in minis for i in mini) == list(range(8))
+        for mini in minis:
+            assert all({j for j in range(8) if units[j] == units[i]} <= set(mini) for i in mini)
+            assert sorted(strata[i] for i in mini) == [-1, -1, 1, 1]
+    with pytest.raises(ValueError, match="share a unit but not a stratum"):
+        epoch_mini_batches(random.Random(0), 4, 2, [0, 0, 1, 1], [1, -1, 1, 1])
+    # one mini-batch, or no strata: the draws of earlier versions
+    assert epoch_mini_batches(random.Random(0), 5, 1, None, [1, -1, 1, -1, 1]) == epoch_mini_batches(
+        random.Random(0), 5, 1
+    )
+
+
 def test_the_first_epoch_is_the_one_pass_update(tiny_model_path, tiny_tokenizer):
     """Adding epochs does not change what the first pass does (same shuffle, same steps)."""
     runs = []

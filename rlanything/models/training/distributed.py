@@ -316,6 +316,7 @@ def write_job(job: UpdateJob, samples: list[Sample], path: Path) -> Path:
             "trained": pa.array([s.trained for s in samples], pa.list_(pa.bool_())),
             "replayed": pa.array([s.replayed for s in samples], pa.bool_()),
             "unit": pa.array([s.unit for s in samples], pa.int64()),
+            "stratum": pa.array([s.stratum for s in samples], pa.int64()),
         }
     )
     pq.write_table(table, f"{path}.samples.parquet")
@@ -337,6 +338,7 @@ def read_job(path: Path) -> tuple[UpdateJob, list[Sample]]:
             trained=r["trained"],
             replayed=r["replayed"],
             unit=r["unit"],
+            stratum=r["stratum"],
         )
         for r in rows
     ]

@@ -65,6 +65,9 @@ class Sample:
     # samples of one unit share every mini-batch (`epoch_mini_batches`): a judged step's two verdicts
     # under algo.rm_verdicts expected, whose full-softmax normaliser cancels only together. None: alone
     unit: int | None = None
+    # samples of one stratum are spread evenly over the mini-batches (`epoch_mini_batches`): the
+    # steps paid to say +1 and those paid to say -1 under algo.rm_stratify. None everywhere: not dealt so
+    stratum: int | None = None
 
     def __post_init__(self):
         if self.trained is not None and (len(self.trained) != self.response_len or not any(self.trained)):
@@ -201,7 +204,8 @@ def ppo_update(
     model.train()
     history = []
     for epoch in range(epochs):
-        for mini in epoch_mini_batches(rng, len(samples), updates, [s.unit for s in samples]):
+        strata = [s.stratum for s in samples] if any(s.stratum is not None for s in samples) else None
+        for mini in epoch_mini_batches(rng, len(samples), updates, [s.unit for s in samples], strata):
             if lr_at is not None:
                 for group in optimizer.param_groups:
                     group["lr"] = lr_at(len(history))
@@ -215,7 +219,9 @@ def ppo_update(
     return history
 
 
-def epoch_mini_batches(rng: random.Random, n: int, updates: int, units: list | None = None) -> list[list[int]]:
+def epoch_mini_batches(
+    rng: random.Random, n: int, updates: int, units: list | None = None, strata: list | None = None
+) -> list[list[int]]:
     """One pass's mini-batches (sample indices) as `ppo_update` draws them from `rng`: the n
     samples shuffled, then every min(updates, n)-th from k = 0, 1, ...
     Example: n 5, updates 2, order [3, 0, 4, 1, 2] -> [[3, 4, 2], [0, 1]].
@@ -223,16 +229,33 @@ def epoch_mini_batches(rng: random.Random, n: int, updates: int, units: list | N
     shuffled (a sample of unit None is one alone) and dealt the same way, min(updates, units)
     mini-batches. Example: units [0, 0, None, 1, 1], updates 2, unit order [{3, 4}, {2}, {0, 1}]
     -> [[3, 4, 0, 1], [2]]. Without units, or with one mini-batch (nothing to keep together), the
-    draws are those of earlier versions: a run resumed across versions reproduces."""
+    draws are those of earlier versions: a run resumed across versions reproduces.
+    `strata` (n,) (a unit's samples share one): each stratum's units are shuffled on their own and
+    dealt on from where the stratum before it stopped (strata in sorted order), so every mini-batch
+    holds each stratum's share to within one unit. Example: strata [1, 1, -1, -1, -1, -1], updates 2,
+    stratum -1 drawn [5, 3, 2, 4], stratum 1 [1, 0] -> deal [5, 3, 2, 4, 1, 0] -> [[5, 2, 1], [3, 4, 0]]."""
     groups: dict = {}
     for i, unit in enumerate(units or [None] * n):
         groups.setdefault(("alone", i) if unit is None else ("unit", unit), []).append(i)
     members = list(groups.values())
     n_mini = min(updates, len(members))
+    if strata is not None and n_mini > 1:
+        return _stratified_deal(rng, members, strata, n_mini)
     if len(members) == n or n_mini == 1:
         order = rng.sample(range(n), n)
         return [order[k::n_mini] for k in range(n_mini)]
     order = rng.sample(members, len(members))
+    return [[i for group in order[k::n_mini] for i in group] for k in range(n_mini)]
+
+
+def _stratified_deal(rng: random.Random, members: list[list[int]], strata: list, n_mini: int) -> list[list[int]]:
+    by_stratum: dict = {}
+    for group in members:
+        (stratum, *others) = {strata[i] for i in group}
+        if others:
+            raise ValueError(f"samples {group} share a unit but not a stratum")
+        by_stratum.setdefault(stratum, []).append(group)
+    order = [g for key in sorted(by_stratum, key=str) for g in rng.sample(by_stratum[key], len(by_stratum[key]))]
     return [[i for group in order[k::n_mini] for i in group] for k in range(n_mini)]
 
 
