@@ -158,6 +158,8 @@ def main() -> None:
                 )
                 steps = "one step" if len(history) == 1 else f"{len(history)} steps"
                 score(f"{steps} at lr {lr:g} from the start {label}", out)
+                clipped = " ".join(f"{h['clip_frac']:.2f}" for h in history)
+                print(f"     its steps' clip fraction (decision tokens): {clipped}", flush=True)
 
 
 if __name__ == "__main__":

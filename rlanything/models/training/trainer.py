@@ -232,8 +232,10 @@ def epoch_mini_batches(
     draws are those of earlier versions: a run resumed across versions reproduces.
     `strata` (n,) (a unit's samples share one): each stratum's units are shuffled on their own and
     dealt on from where the stratum before it stopped (strata in sorted order), so every mini-batch
-    holds each stratum's share to within one unit. Example: strata [1, 1, -1, -1, -1, -1], updates 2,
-    stratum -1 drawn [5, 3, 2, 4], stratum 1 [1, 0] -> deal [5, 3, 2, 4, 1, 0] -> [[5, 2, 1], [3, 4, 0]]."""
+    holds each stratum's share to within one unit; then the mini-batches' order is shuffled (else
+    those holding a small stratum's units would come last in every pass). Example: strata
+    [1, 1, -1, -1, -1, -1], updates 2, stratum -1 drawn [5, 3, 2, 4], stratum 1 [1, 0] -> deal
+    [5, 3, 2, 4, 1, 0] -> [[5, 2, 1], [3, 4, 0]], their order drawn -> [[3, 4, 0], [5, 2, 1]]."""
     groups: dict = {}
     for i, unit in enumerate(units or [None] * n):
         groups.setdefault(("alone", i) if unit is None else ("unit", unit), []).append(i)
@@ -256,7 +258,7 @@ def _stratified_deal(rng: random.Random, members: list[list[int]], strata: list,
             raise ValueError(f"samples {group} share a unit but not a stratum")
         by_stratum.setdefault(stratum, []).append(group)
     order = [g for key in sorted(by_stratum, key=str) for g in rng.sample(by_stratum[key], len(by_stratum[key]))]
-    return [[i for group in order[k::n_mini] for i in group] for k in range(n_mini)]
+    return rng.sample([[i for group in order[k::n_mini] for i in group] for k in range(n_mini)], n_mini)
 
 
 MEASURES = ("loss", "pg_loss", "kl", "clip_frac", "entropy")  # per optimizer step, means over its samples
