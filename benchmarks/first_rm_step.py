@@ -3,7 +3,7 @@ placed within the bf16 sampler's values first (the update's `dither_start_to`).
 
     python -m benchmarks.first_rm_step RUN_DIR [--lr 1e-8,1e-5] [--prompts 40] [--epochs N] [--updates K]
         [--verdicts drawn|expected] [--precision fp32|bf16] [--sum-balanced] [--dithered-only]
-        [--stratified] [--fp32-only]
+        [--stratified] [--fp32-only] [--seed S]
 
 Replays iteration 0's RM update (the samples it trained on, the run's loss settings, AdamW as
 shipped, at each `--lr` with no warmup) twice: from the starting RM as it loads, and from it
@@ -29,7 +29,7 @@ the start as loaded (the loop's first update starts dithered where a bf16 sample
 `--stratified` deals the expected verdicts' steps so that every mini-batch holds both payoff
 signs in the pass's proportions (`algo.rm_stratify`). `--fp32-only`, for a run whose sampler ran
 in fp32: no bf16 rounding or scoring, the start as loaded only (bf16 matmuls are slow on a CPU
-without bf16 units).
+without bf16 units). `--seed` draws other mini-batches (default: the run's update's seed).
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ def main() -> None:
     ap.add_argument("--dithered-only", action="store_true", help="skip the start as loaded")
     ap.add_argument("--stratified", action="store_true", help="both payoff signs in every mini-batch")
     ap.add_argument("--fp32-only", action="store_true", help="no bf16 rounding or scoring")
+    ap.add_argument("--seed", type=int, help="the update's shuffle seed; default the run's")
     args = ap.parse_args()
     header("first_rm_step: the RM's first update, from its start as loaded and placed within its bf16 values")
     print(f"   {cpu_line()}")
@@ -120,6 +121,7 @@ def main() -> None:
         samples = sum_balanced(samples)
     job = update_job(config, layout, 0, "rm", config.rm, steps_taken(layout, "rm", 0))
     job = replace(job, epochs=args.epochs, updates=args.updates, precision=args.precision or job.precision)
+    job = replace(job, seed=job.seed if args.seed is None else args.seed)
     own = own_steps(args.run_dir) if config.algo.rm_advantage == "reward" else None
     iteration, prompts = judged_prompts(args.run_dir, args.prompts)
     start = Path(job.start)
