@@ -532,10 +532,10 @@ class AlgoConfig(_Section):
     rm_stratify: bool = False
     """With algo.rm_verdicts expected and several RM mini-batches (rm.optim.updates_per_iteration):
     deal the judged steps so that every mini-batch holds the steps paid towards +1 and those paid
-    towards −1 in the pass's proportions (our departure; `trainer.epoch_mini_batches`). Where
-    nearly every judged step belongs to a lost episode, a random deal leaves most mini-batches
-    with one class, whatever algo.rm_balance does to the pass's totals; ten such steps in one
-    pass drifted the judge towards −1 (docs/judge.md)."""
+    towards −1 in the pass's proportions, to within one step, in a drawn order (our departure;
+    `trainer.epoch_mini_batches`). Built against the judge's drift towards −1 over ten
+    mini-batches, where nearly every judged step belonged to a lost episode; measured offline,
+    it was not the cause: the deal's luck moved the judge's prior as much (docs/judge.md)."""
     rm_target: Literal["outcome", "progress"] = "outcome"
     """What a judgment of the RM is paid for. `outcome`: R·S_j, its episode's outcome and the
     step scores (the paper). `progress` (our departure, docs/method.md): sign(V(s_t+1) −
