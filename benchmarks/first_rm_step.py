@@ -107,6 +107,8 @@ def main() -> None:
     ap.add_argument("--fp32-only", action="store_true", help="no bf16 rounding or scoring")
     ap.add_argument("--seed", type=int, help="the update's shuffle seed; default the run's")
     args = ap.parse_args()
+    if args.stratified and args.verdicts == "drawn":
+        ap.error("--stratified deals expected verdicts by their payoff's sign: not with --verdicts drawn")
     header("first_rm_step: the RM's first update, from its start as loaded and placed within its bf16 values")
     print(f"   {cpu_line()}")
     config, layout = load_config(args.run_dir / "config.yaml"), RunLayout(args.run_dir)

@@ -138,10 +138,10 @@ def test_deployment_started_from_the_prefect_ui_completes_and_its_plots_show_in_
             edited[0].fill("run.name=from-ui")
             page.screenshot(path=shots / "2-prefect-run-dialog.png")
             dialog.get_by_role("button", name="Run", exact=True).click()
+            page.screenshot(path=shots / "3-prefect-run-scheduled.png")  # the toast, where it came in time
             # The run the click created, read from the API: the UI's toast ("... scheduled to start now") lasts
-            # a few seconds and was once missed on a loaded 2-core machine; an error toast is kept in the message.
+            # a few seconds, and a loaded 2-core machine once missed it for 60 s.
             flow_run_id = _flow_run_with(prefect_url, "run.name=from-ui", page=page)
-            page.screenshot(path=shots / "3-prefect-run-scheduled.png")
             page.goto(f"{prefect_url}/runs/flow-run/{flow_run_id}", wait_until="networkidle")
             deadline = time.monotonic() + 420
             while (state := api(f"{prefect_url}/api/flow_runs/{flow_run_id}")["state"]["type"]) not in (
@@ -204,7 +204,8 @@ def test_deployment_started_from_the_prefect_ui_completes_and_its_plots_show_in_
 
 
 def _flow_run_with(prefect_url: str, override: str, page, timeout: float = 120) -> str:
-    """Id of the flow run the page just created: the one whose overrides hold `override`."""
+    """Id of the flow run the page just created: the one whose overrides hold `override` (the page's
+    text in the failure message)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for run in api(f"{prefect_url}/api/flow_runs/filter", {"limit": 50}):

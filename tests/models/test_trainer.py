@@ -289,8 +289,8 @@ def test_a_units_samples_share_every_mini_batch():
 def test_strata_are_spread_evenly_over_the_mini_batches():
     """algo.rm_stratify: each stratum's units are shuffled apart and dealt on in turn, so every
     mini-batch holds each stratum's share to within one unit; a unit stays whole; a unit across two
-    strata is refused. Without strata a deal of 2 won and 8 lost steps into 5 mini-batches leaves
-    3 or more with no won step (checked over seeds): the case it is for."""
+    strata is refused. With 4 won steps among 20 and 4 mini-batches, each holds one won step, where
+    a random deal leaves some without (the case it is for); `ppo_update` hands the samples' strata on."""
     import random
 
     from rlanything.models.training.trainer import epoch_mini_batches
@@ -310,8 +310,15 @@ def test_strata_are_spread_evenly_over_the_mini_batches():
             for label, count in ((1, 2), (-1, 8), (0, 3)):
                 shares = [sum(strata[i] == label for i in mini) for mini in minis]
                 assert max(shares) - min(shares) <= 1 and sum(shares) == count, (seed, updates, label, shares)
-    plain = [epoch_mini_batches(random.Random(s), 10, 5, None) for s in range(30)]
-    assert all(sum(not ({0, 1} & set(mini)) for mini in minis) >= 3 for minis in plain)
+    # 4 won among 20 in 4 mini-batches: by sign, every mini-batch holds one; a random deal often leaves one without
+    won = [1] * 4 + [-1] * 16
+    assert all(
+        all(sum(i < 4 for i in mini) == 1 for mini in epoch_mini_batches(random.Random(s), 20, 4, None, won))
+        for s in range(30)
+    )
+    assert any(
+        any(not {0, 1, 2, 3} & set(mini) for mini in epoch_mini_batches(random.Random(s), 20, 4)) for s in range(30)
+    )
     # units: a pair stays together; the pairs of each stratum are dealt evenly
     units, strata = [0, 0, 1, 1, 2, 2, 3, 3], [1, 1, -1, -1, -1, -1, 1, 1]
     for seed in range(20):
@@ -326,6 +333,22 @@ def test_strata_are_spread_evenly_over_the_mini_batches():
     assert epoch_mini_batches(random.Random(0), 5, 1, None, [1, -1, 1, -1, 1]) == epoch_mini_batches(
         random.Random(0), 5, 1
     )
+
+
+def test_the_update_deals_by_the_samples_strata(tiny_model_path, tiny_tokenizer, monkeypatch):
+    """ppo_update hands `Sample.stratum` to the deal where any sample has one, else None (the old draws)."""
+    from dataclasses import replace
+
+    from rlanything.models.training import trainer
+
+    seen, deal = [], trainer.epoch_mini_batches
+    monkeypatch.setattr(trainer, "epoch_mini_batches", lambda *a: seen.append(a[4]) or deal(*a))
+    model, samples = batch(tiny_model_path, tiny_tokenizer)
+    _update(model, samples, tiny_tokenizer.pad_token_id, updates=2)
+    signed = [replace(s, stratum=1 if s.advantage > 0 else -1) for s in samples]
+    history = _update(model, signed, tiny_tokenizer.pad_token_id, updates=2)
+    assert seen == [None, [1, -1, 1, -1]]
+    assert [h["num_samples"] for h in history] == [2, 2]
 
 
 def test_the_first_epoch_is_the_one_pass_update(tiny_model_path, tiny_tokenizer):
