@@ -192,8 +192,8 @@ def judgment_samples(config: Config, layout: RunLayout, iteration: int, chosen_o
         kept = adv[(adv.kind == "rm") & adv.kept][["traj_id", "step_idx", "judge_idx", "advantage"]]
         rows = kept.merge(judgments, on=["traj_id", "step_idx", "judge_idx"], how="inner", validate="one_to_one")
         if config.algo.rm_verdicts == "expected":
-            stratified = config.algo.rm_stratify  # units never repeat across the iterations replayed
-            samples += expected_verdict_samples(rows, choice, first_unit=len(samples), stratified=stratified)
+            first_unit = len(samples)  # units never repeat
+            samples += expected_verdict_samples(rows, choice, first_unit, stratified=config.algo.rm_stratify)
         else:
             samples += [replace(s, replayed=i < iteration) for s in to_samples(rows, choice)]
     return samples

@@ -290,7 +290,7 @@ def test_strata_are_spread_evenly_over_the_mini_batches():
     """algo.rm_stratify: each stratum's units are shuffled apart and dealt on in turn, so every
     mini-batch holds each stratum's share to within one unit; a unit stays whole; a unit across two
     strata is refused. With 4 won steps among 20 and 4 mini-batches, each holds one won step, where
-    a random deal leaves some without (the case it is for); `ppo_update` hands the samples' strata on."""
+    a random deal leaves some without (the case it is for)."""
     import random
 
     from rlanything.models.training.trainer import epoch_mini_batches

@@ -203,8 +203,8 @@ def ppo_update(
     rng = random.Random(seed)  # one stream: the first epoch's order is the same whatever `epochs`
     model.train()
     history = []
+    strata = [s.stratum for s in samples] if any(s.stratum is not None for s in samples) else None
     for epoch in range(epochs):
-        strata = [s.stratum for s in samples] if any(s.stratum is not None for s in samples) else None
         for mini in epoch_mini_batches(rng, len(samples), updates, [s.unit for s in samples], strata):
             if lr_at is not None:
                 for group in optimizer.param_groups:
@@ -246,7 +246,11 @@ def epoch_mini_batches(
     if len(members) == n or n_mini == 1:
         order = rng.sample(range(n), n)
         return [order[k::n_mini] for k in range(n_mini)]
-    order = rng.sample(members, len(members))
+    return _dealt(rng.sample(members, len(members)), n_mini)
+
+
+def _dealt(order: list[list[int]], n_mini: int) -> list[list[int]]:
+    """Groups of sample indices in dealing order -> every n_mini-th group's samples, from k = 0, 1, ..."""
     return [[i for group in order[k::n_mini] for i in group] for k in range(n_mini)]
 
 
@@ -258,7 +262,7 @@ def _stratified_deal(rng: random.Random, members: list[list[int]], strata: list,
             raise ValueError(f"samples {group} share a unit but not a stratum")
         by_stratum.setdefault(stratum, []).append(group)
     order = [g for key in sorted(by_stratum, key=str) for g in rng.sample(by_stratum[key], len(by_stratum[key]))]
-    return rng.sample([[i for group in order[k::n_mini] for i in group] for k in range(n_mini)], n_mini)
+    return rng.sample(_dealt(order, n_mini), n_mini)
 
 
 MEASURES = ("loss", "pg_loss", "kl", "clip_frac", "entropy")  # per optimizer step, means over its samples
